@@ -1,0 +1,7 @@
+//! oasr-quantize: turns full-precision speech-recognition checkpoints into serving-ready W8A8
+//! checkpoints (int8 and fp8 e4m3) for the OASR serving engine.
+//!
+//! The library never prints. Long operations report through a progress callback, and every
+//! failure is an [`Error`] that names the file, layer or option at fault.
+
+pub mod numerics;

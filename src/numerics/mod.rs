@@ -1,0 +1,1 @@
+//! The bit-exact CPU reference of every kernel (being written).
