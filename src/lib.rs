@@ -4,4 +4,20 @@
 //! The library never prints. Long operations report through a progress callback, and every
 //! failure is an [`Error`] that names the file, layer or option at fault.
 
+pub mod error;
+pub mod format;
 pub mod numerics;
+
+pub use error::{Error, Result};
+pub mod algorithms;
+pub mod checkpoint;
+mod links;
+pub mod models;
+mod quantizer;
+pub mod recipe;
+pub mod report;
+pub mod selection;
+
+pub use quantizer::{convert, layout_of, sha256_file, Outcome, Progress, Quantizer, Stage};
+pub use recipe::Recipe;
+pub mod inspect;

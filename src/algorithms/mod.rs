@@ -1,0 +1,96 @@
+//! The quantization algorithms, registered by name. A recipe names them; an algorithm that is
+//! known but not implemented in this version is refused by name.
+
+pub mod rtn;
+
+use crate::error::{Error, Result};
+
+/// A registered algorithm: its name, its options, and whether this version implements it.
+struct Registered {
+    name: &'static str,
+    options: &'static [&'static str],
+    implemented: bool,
+    what: &'static str,
+}
+
+const REGISTRY: &[Registered] = &[
+    Registered {
+        name: "rtn",
+        options: &[],
+        implemented: true,
+        what: "round-to-nearest weights per output channel",
+    },
+    Registered {
+        name: "smoothquant",
+        options: &["alpha"],
+        implemented: false,
+        what: "SmoothQuant activation smoothing from calibration",
+    },
+    Registered {
+        name: "static_inputs",
+        options: &["observer", "percentile"],
+        implemented: false,
+        what: "calibrated static input scales",
+    },
+    Registered {
+        name: "static_conv_inputs",
+        options: &["observer", "percentile"],
+        implemented: false,
+        what: "calibrated static input scales of convolutions",
+    },
+];
+
+fn find(name: &str) -> Result<&'static Registered> {
+    REGISTRY.iter().find(|r| r.name == name).ok_or_else(|| {
+        Error::option(
+            "algorithm",
+            format!(
+                "unknown algorithm `{name}`; known: {}",
+                REGISTRY
+                    .iter()
+                    .map(|r| r.name)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        )
+    })
+}
+
+/// Errors unless `name` is a registered algorithm (implemented or not).
+pub fn check_known(name: &str) -> Result<()> {
+    find(name).map(|_| ())
+}
+
+/// Errors unless `option` is one of the algorithm's options.
+pub fn check_option(name: &str, option: &str) -> Result<()> {
+    let r = find(name)?;
+    if r.options.contains(&option) {
+        return Ok(());
+    }
+    let known = if r.options.is_empty() {
+        "it takes no options".to_string()
+    } else {
+        format!("its options: {}", r.options.join(", "))
+    };
+    Err(Error::option(
+        format!("{name}.{option}"),
+        format!("unknown option of `{name}`; {known}"),
+    ))
+}
+
+/// Errors, by name, when this version does not implement the algorithm.
+pub fn check_implemented(name: &str, recipe: &str) -> Result<()> {
+    let r = find(name)?;
+    if r.implemented {
+        return Ok(());
+    }
+    Err(Error::NotImplemented {
+        what: format!(
+            "algorithm `{name}` ({}), needed by recipe `{recipe}`",
+            r.what
+        ),
+        detail:
+            "calibration-based recipes land in a later version; use int8_w8a8_rtn or fp8_w8a8_rtn"
+                .into(),
+    })
+}

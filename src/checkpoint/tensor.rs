@@ -1,0 +1,221 @@
+//! Tensors as the checkpoint layer sees them: a dtype, a shape and bytes that are either a range
+//! of a memory-mapped source file or owned.
+
+use std::sync::Arc;
+
+use half::{bf16, f16};
+use memmap2::Mmap;
+
+/// Element types that appear in the checkpoints we read and write.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum DType {
+    F32,
+    F16,
+    BF16,
+    I8,
+    F8E4m3,
+    I16,
+    I32,
+    U8,
+}
+
+impl DType {
+    pub fn size(self) -> usize {
+        match self {
+            DType::F32 | DType::I32 => 4,
+            DType::F16 | DType::BF16 | DType::I16 => 2,
+            DType::I8 | DType::F8E4m3 | DType::U8 => 1,
+        }
+    }
+
+    pub fn is_float(self) -> bool {
+        matches!(self, DType::F32 | DType::F16 | DType::BF16)
+    }
+
+    /// The safetensors name of the dtype.
+    pub fn safetensors_name(self) -> &'static str {
+        match self {
+            DType::F32 => "F32",
+            DType::F16 => "F16",
+            DType::BF16 => "BF16",
+            DType::I8 => "I8",
+            DType::F8E4m3 => "F8_E4M3",
+            DType::I16 => "I16",
+            DType::I32 => "I32",
+            DType::U8 => "U8",
+        }
+    }
+
+    pub(crate) fn from_safetensors(dtype: safetensors::Dtype) -> Option<Self> {
+        use safetensors::Dtype as S;
+        Some(match dtype {
+            S::F32 => DType::F32,
+            S::F16 => DType::F16,
+            S::BF16 => DType::BF16,
+            S::I8 => DType::I8,
+            S::F8_E4M3 => DType::F8E4m3,
+            S::I16 => DType::I16,
+            S::I32 => DType::I32,
+            S::U8 => DType::U8,
+            _ => return None,
+        })
+    }
+}
+
+impl std::fmt::Display for DType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.safetensors_name())
+    }
+}
+
+/// Where a tensor's bytes live.
+#[derive(Clone, Debug)]
+enum Bytes {
+    Mapped {
+        map: Arc<Mmap>,
+        start: usize,
+        len: usize,
+    },
+    Owned(Arc<Vec<u8>>),
+}
+
+/// A little-endian tensor.
+#[derive(Clone, Debug)]
+pub struct Tensor {
+    pub dtype: DType,
+    pub shape: Vec<usize>,
+    bytes: Bytes,
+}
+
+impl Tensor {
+    /// A view of `len` bytes at `start` of a mapped file. The caller has checked the range.
+    pub(crate) fn mapped(
+        dtype: DType,
+        shape: Vec<usize>,
+        map: Arc<Mmap>,
+        start: usize,
+        len: usize,
+    ) -> Self {
+        debug_assert!(start + len <= map.len());
+        Tensor {
+            dtype,
+            shape,
+            bytes: Bytes::Mapped { map, start, len },
+        }
+    }
+
+    pub fn from_bytes(dtype: DType, shape: Vec<usize>, bytes: Vec<u8>) -> Self {
+        debug_assert_eq!(bytes.len(), shape.iter().product::<usize>() * dtype.size());
+        Tensor {
+            dtype,
+            shape,
+            bytes: Bytes::Owned(Arc::new(bytes)),
+        }
+    }
+
+    pub fn from_f32(shape: Vec<usize>, values: &[f32]) -> Self {
+        let bytes = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        Tensor::from_bytes(DType::F32, shape, bytes)
+    }
+
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    pub fn bytes(&self) -> &[u8] {
+        match &self.bytes {
+            Bytes::Mapped { map, start, len } => &map[*start..*start + *len],
+            Bytes::Owned(v) => v,
+        }
+    }
+
+    /// Rows `[first, first + count)` of the leading dimension, without copying.
+    pub fn slice_rows(&self, first: usize, count: usize) -> Tensor {
+        let row_bytes = self.shape[1..].iter().product::<usize>() * self.dtype.size();
+        let mut shape = self.shape.clone();
+        shape[0] = count;
+        let bytes = match &self.bytes {
+            Bytes::Mapped { map, start, .. } => Bytes::Mapped {
+                map: map.clone(),
+                start: start + first * row_bytes,
+                len: count * row_bytes,
+            },
+            Bytes::Owned(v) => Bytes::Owned(Arc::new(
+                v[first * row_bytes..(first + count) * row_bytes].to_vec(),
+            )),
+        };
+        Tensor {
+            dtype: self.dtype,
+            shape,
+            bytes,
+        }
+    }
+
+    /// The values as f32. Only float dtypes convert; the caller checks `dtype.is_float()`.
+    pub fn to_f32(&self) -> Vec<f32> {
+        let b = self.bytes();
+        match self.dtype {
+            DType::F32 => b
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect(),
+            DType::F16 => b
+                .chunks_exact(2)
+                .map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32())
+                .collect(),
+            DType::BF16 => b
+                .chunks_exact(2)
+                .map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f32())
+                .collect(),
+            other => panic!("to_f32 on a {other} tensor"),
+        }
+    }
+
+    /// The tensor converted to another float dtype (round to nearest even when narrowing).
+    pub fn to_float_dtype(&self, dtype: DType) -> Tensor {
+        if dtype == self.dtype {
+            return self.clone();
+        }
+        let values = self.to_f32();
+        let bytes: Vec<u8> = match dtype {
+            DType::F32 => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+            DType::F16 => values
+                .iter()
+                .flat_map(|v| f16::from_f32(*v).to_le_bytes())
+                .collect(),
+            DType::BF16 => values
+                .iter()
+                .flat_map(|v| bf16::from_f32(*v).to_le_bytes())
+                .collect(),
+            other => panic!("to_float_dtype({other})"),
+        };
+        Tensor::from_bytes(dtype, self.shape.clone(), bytes)
+    }
+
+    /// A 3-D tensor with its last two axes swapped: [a, b, c] -> [a, c, b].
+    pub fn swap_last_two(&self) -> Tensor {
+        let [a, b, c] = [self.shape[0], self.shape[1], self.shape[2]];
+        let e = self.dtype.size();
+        let src = self.bytes();
+        let mut out = vec![0u8; src.len()];
+        for i in 0..a {
+            for j in 0..b {
+                for k in 0..c {
+                    let from = ((i * b + j) * c + k) * e;
+                    let to = ((i * c + k) * b + j) * e;
+                    out[to..to + e].copy_from_slice(&src[from..from + e]);
+                }
+            }
+        }
+        Tensor::from_bytes(self.dtype, vec![a, c, b], out)
+    }
+
+    /// True when every byte is zero (used to check CTranslate2's zero k bias).
+    pub fn is_all_zero(&self) -> bool {
+        match self.dtype {
+            // -0.0 is zero too.
+            DType::F32 | DType::F16 | DType::BF16 => self.to_f32().iter().all(|v| *v == 0.0),
+            _ => self.bytes().iter().all(|b| *b == 0),
+        }
+    }
+}

@@ -1,0 +1,83 @@
+//! The library's error type. Every variant names what is at fault: a file, a tensor, a layer, an
+//! option or a recipe, so the CLI can print it as is.
+
+use std::path::PathBuf;
+
+/// Everything that can go wrong in the library.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A file that exists but cannot be what it claims to be: truncated, corrupt, or inconsistent.
+    #[error("{}: {message}", path.display())]
+    Corrupt { path: PathBuf, message: String },
+    #[error("{}: not a checkpoint this tool can read: {message}", path.display())]
+    UnknownFormat { path: PathBuf, message: String },
+    #[error("{}: ambiguous checkpoint: it matches {}; keep only one format's files in the directory", path.display(), candidates.join(" and "))]
+    AmbiguousFormat {
+        path: PathBuf,
+        candidates: Vec<String>,
+    },
+    /// A tensor that is missing, or has the wrong dtype or shape.
+    #[error("{}: tensor `{name}`: {message}", path.display())]
+    Tensor {
+        path: PathBuf,
+        name: String,
+        message: String,
+    },
+    #[error("option `{option}`: {message}")]
+    InvalidOption { option: String, message: String },
+    #[error("layer `{layer}`: {reason}")]
+    LayerRefused { layer: String, reason: String },
+    #[error("scheme `{name}`: {message}")]
+    Scheme { name: String, message: String },
+    #[error("recipe `{name}`: {message}")]
+    Recipe { name: String, message: String },
+    /// A known feature this version does not implement; refused by name rather than faked.
+    #[error("{what} is not implemented in this version of oasr-quantize: {detail}")]
+    NotImplemented { what: String, detail: String },
+    #[error("output {}: {message}", path.display())]
+    Output { path: PathBuf, message: String },
+}
+
+/// The library's result type.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        Error::Io {
+            path: path.into(),
+            source,
+        }
+    }
+
+    pub(crate) fn corrupt(path: impl Into<PathBuf>, message: impl Into<String>) -> Self {
+        Error::Corrupt {
+            path: path.into(),
+            message: message.into(),
+        }
+    }
+
+    pub(crate) fn tensor(
+        path: impl Into<PathBuf>,
+        name: impl Into<String>,
+        message: impl Into<String>,
+    ) -> Self {
+        Error::Tensor {
+            path: path.into(),
+            name: name.into(),
+            message: message.into(),
+        }
+    }
+
+    pub(crate) fn option(option: impl Into<String>, message: impl Into<String>) -> Self {
+        Error::InvalidOption {
+            option: option.into(),
+            message: message.into(),
+        }
+    }
+}

@@ -1,0 +1,49 @@
+//! One folder per architecture: its configuration and its `quantization_layout()`, which is data
+//! only (which GEMMs exist, where smoothing folds, which links may arm).
+
+pub mod whisper;
+
+use crate::format::{ModuleKind, SmoothFold};
+
+/// A quantizable layer: a GEMM (linear or pointwise conv) or a convolution.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct QuantizableLayer {
+    /// Module path; the weight is `<name>.weight`.
+    pub name: String,
+    pub kind: ModuleKind,
+    pub out_features: usize,
+    /// Input channels (for a convolution, per tap).
+    pub in_features: usize,
+    /// Convolution groups (1 for GEMMs).
+    pub groups: usize,
+}
+
+/// GEMMs that share one input X and the place the inverse smoothing factor folds into.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SmoothGroup {
+    /// The module that produces X: a norm, a producer GEMM, or None for a runtime smoother.
+    pub producer: Option<String>,
+    pub fold: SmoothFold,
+    pub consumers: Vec<String>,
+    /// Whether the producer (a norm) may emit the consumers' 8-bit input.
+    pub fuse_output_quant: bool,
+}
+
+/// A producer GEMM whose output feeds one consumer GEMM (possibly across an activation).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GemmChainLayout {
+    pub producer: String,
+    pub consumer: String,
+}
+
+/// What an architecture declares about quantization.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct QuantizationLayout {
+    pub layers: Vec<QuantizableLayer>,
+    pub smooth_groups: Vec<SmoothGroup>,
+    pub gemm_chains: Vec<GemmChainLayout>,
+    /// Tensors that always stay full precision, with the reason.
+    pub kept_full_precision: Vec<(String, String)>,
+    /// Layers whose rows must not depend on the batch they are computed in.
+    pub batch_invariant: Vec<String>,
+}

@@ -1,0 +1,241 @@
+//! GEMM epilogue activations, with `exp` and `erf` built from IEEE `+ - * /` and bit operations
+//! only, in a fixed order, so a CUDA kernel can repeat them with `__fadd_rn` / `__fsub_rn` /
+//! `__fmul_rn` / `__fdiv_rn` and get the same bits (libm and `__expf` differ between platforms).
+
+use serde::{Deserialize, Serialize};
+
+/// The activation applied in a GEMM epilogue.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Activation {
+    None,
+    Relu,
+    /// SiLU: `v * sigmoid(v)`.
+    Swish,
+    /// The exact-erf GELU (not the tanh approximation).
+    Gelu,
+}
+
+impl Activation {
+    /// The serialized name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Activation::None => "none",
+            Activation::Relu => "relu",
+            Activation::Swish => "swish",
+            Activation::Gelu => "gelu",
+        }
+    }
+}
+
+/// Apply `act` to `v`.
+#[inline]
+pub fn activate(act: Activation, v: f32) -> f32 {
+    match act {
+        Activation::None => v,
+        Activation::Relu => relu(v),
+        Activation::Swish => swish(v),
+        Activation::Gelu => gelu(v),
+    }
+}
+
+/// `v > 0 ? v : +0.0`: -0.0 and NaN both give +0.0 (write it as this comparison on the GPU, not
+/// `fmaxf`, whose signed-zero result is unspecified).
+#[inline]
+pub fn relu(v: f32) -> f32 {
+    if v > 0.0 {
+        v
+    } else {
+        0.0
+    }
+}
+
+/// `v * (1 / (1 + exp_f32(-v)))`. Large negative v gives -0.0 (`exp` overflows to +inf);
+/// NaN stays NaN.
+#[inline]
+pub fn swish(v: f32) -> f32 {
+    let e = exp_f32(-v);
+    let d = 1.0 + e;
+    let s = 1.0 / d;
+    v * s
+}
+
+/// `(0.5 * v) * (1 + erf_f32(v * FRAC_1_SQRT_2))`. For v ≲ -5.9 the erf rounds to -1 and the
+/// result is -0.0 (like an f32 PyTorch GELU); NaN stays NaN.
+#[inline]
+pub fn gelu(v: f32) -> f32 {
+    let u = v * std::f32::consts::FRAC_1_SQRT_2;
+    let e = erf_f32(u);
+    let h = 0.5 * v;
+    h * (1.0 + e)
+}
+
+/// Inputs below this give +0.0 (exp(-104) is under half the smallest subnormal).
+pub const EXP_INPUT_MIN: f32 = -104.0;
+/// Inputs above this give +inf (exp overflows f32 from 88.7228394 on).
+pub const EXP_INPUT_MAX: f32 = 89.0;
+
+const LOG2E: f32 = std::f32::consts::LOG2_E;
+/// ln 2 split for Cody–Waite: `LN2_HI` has 9 significant bits, so `n * LN2_HI` is exact.
+const LN2_HI: f32 = 0.693_359_375; // 0x3F318000 = 355/512
+const LN2_LO: f32 = -0.000_212_194_44; // 0xB95E8083
+/// 1.5 · 2^23: adding and subtracting it rounds |t| < 2^22 to an integer, nearest-even.
+const ROUND_MAGIC: f32 = 12_582_912.0;
+/// exp(r) ≈ 1 + r + r² · P(r) on |r| ≤ ln2/2 (the Cephes `expf` minimax coefficients).
+const EXP_P: [f32; 6] = [
+    0.000_198_756_91, // 0x39506967
+    0.001_398_199_9,  // 0x3AB743CE
+    0.008_333_452,    // 0x3C088908
+    0.041_665_796,    // 0x3D2AA9C1
+    0.166_666_66,     // 0x3E2AAAAA
+    0.5,              // 0x3F000000
+];
+
+/// 2^e as f32 for e in -126..=127, from exponent bits.
+#[inline]
+fn pow2i(e: i32) -> f32 {
+    f32::from_bits(((e + 127) as u32) << 23)
+}
+
+/// e^x in f32, within 2 ulp of the true value over the normal range (tested), from `+ - * /`
+/// and bit operations only. Operation order (each step one IEEE round-to-nearest-even op):
+///
+/// ```text
+/// NaN -> NaN;  x = min(max(x, -104), 89)
+/// t  = x * LOG2E
+/// nf = (t + 1.5·2^23) - 1.5·2^23                  // round to integer, ties to even
+/// r  = (x - nf * LN2_HI) - nf * LN2_LO
+/// z  = r * r
+/// p  = P0;  p = p * r + P_i  for P1..P5          // Horner, no FMA
+/// p  = ((p * z) + r) + 1
+/// n  = (int) nf;  n1 = n >> 1 (floor);  n2 = n - n1
+/// result = (p * 2^n1) * 2^n2                     // the first product is exact
+/// ```
+///
+/// The two-step scaling covers n in -150..=128 with a single rounding, so subnormal results are
+/// rounded once and x ≥ 88.7228394 overflows to +inf.
+pub fn exp_f32(x: f32) -> f32 {
+    if x.is_nan() {
+        return x;
+    }
+    let x = if x < EXP_INPUT_MIN {
+        EXP_INPUT_MIN
+    } else if x > EXP_INPUT_MAX {
+        EXP_INPUT_MAX
+    } else {
+        x
+    };
+    let t = x * LOG2E;
+    let nf = (t + ROUND_MAGIC) - ROUND_MAGIC;
+    let r = (x - nf * LN2_HI) - nf * LN2_LO;
+    let z = r * r;
+    let mut p = EXP_P[0];
+    for &c in &EXP_P[1..] {
+        p = p * r + c;
+    }
+    let p = ((p * z) + r) + 1.0;
+    let n = nf as i32;
+    let n1 = n >> 1;
+    let n2 = n - n1;
+    (p * pow2i(n1)) * pow2i(n2)
+}
+
+/// Abramowitz–Stegun 7.1.26 constants.
+const ERF_P: f32 = 0.327_591_1; // 0x3EA7BA05
+const ERF_A: [f32; 5] = [
+    0.254_829_6,   // a1 = 0.254829592, 0x3E827906
+    -0.284_496_72, // a2 = -0.284496736, 0xBE91A98E
+    1.421_413_8,   // a3 = 1.421413741, 0x3FB5F0E3
+    -1.453_152_1,  // a4 = -1.453152027, 0xBFBA00E3
+    1.061_405_4,   // a5 = 1.061405429, 0x3F87DC22
+];
+
+/// erf(x) by Abramowitz–Stegun 7.1.26 (absolute error ≤ 1.5e-7 in exact arithmetic, ≤ 2.5e-7
+/// in this f32 evaluation, tested). Operation order:
+///
+/// ```text
+/// a = |x|                                        // clear the sign bit
+/// t = 1 / (1 + P * a)
+/// q = a5;  q = q * t + a_i  for a4..a1;  q = q * t
+/// e = exp_f32(-(a * a))
+/// y = 1 - q * e
+/// result = y with the sign bit of x              // odd symmetry
+/// ```
+///
+/// |x| ≥ 3.92 gives exactly ±1. NaN stays NaN. erf(±0) is ±(1 - q(1)), a value within 1.5e-7
+/// of 0 (not exactly 0), which GELU multiplies by 0.
+pub fn erf_f32(x: f32) -> f32 {
+    if x.is_nan() {
+        return x;
+    }
+    let bits = x.to_bits();
+    let a = f32::from_bits(bits & 0x7FFF_FFFF);
+    let t = 1.0 / (1.0 + ERF_P * a);
+    let mut q = ERF_A[4];
+    for &c in ERF_A[..4].iter().rev() {
+        q = q * t + c;
+    }
+    let q = q * t;
+    let e = exp_f32(-(a * a));
+    let y = 1.0 - q * e;
+    f32::from_bits((y.to_bits() & 0x7FFF_FFFF) | (bits & 0x8000_0000))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The constants are part of the GPU contract: pin their bits.
+    #[test]
+    fn constant_bits() {
+        let bits = |v: &[f32]| v.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        assert_eq!(
+            bits(&[LOG2E, LN2_HI, LN2_LO, ROUND_MAGIC, ERF_P]),
+            [
+                0x3FB8_AA3B,
+                0x3F31_8000,
+                0xB95E_8083,
+                0x4B40_0000,
+                0x3EA7_BA05
+            ]
+        );
+        assert_eq!(
+            bits(&EXP_P),
+            [
+                0x3950_6967,
+                0x3AB7_43CE,
+                0x3C08_8908,
+                0x3D2A_A9C1,
+                0x3E2A_AAAA,
+                0x3F00_0000
+            ]
+        );
+        assert_eq!(
+            bits(&ERF_A),
+            [
+                0x3E82_7906,
+                0xBE91_A98E,
+                0x3FB5_F0E3,
+                0xBFBA_00E3,
+                0x3F87_DC22
+            ]
+        );
+        assert_eq!(std::f32::consts::FRAC_1_SQRT_2.to_bits(), 0x3F35_04F3);
+    }
+
+    #[test]
+    fn magic_rounding_is_nearest_even() {
+        for t in [-150.5f32, -0.5, 0.5, 1.5, 2.5, 127.5, -3.7, 128.2] {
+            let nf = (t + ROUND_MAGIC) - ROUND_MAGIC;
+            assert_eq!(nf, t.round_ties_even(), "{t}");
+        }
+    }
+
+    #[test]
+    fn relu_pins_zero_and_nan() {
+        assert_eq!(relu(-0.0).to_bits(), 0);
+        assert_eq!(relu(f32::NAN).to_bits(), 0);
+        assert_eq!(relu(-1.0).to_bits(), 0);
+        assert_eq!(relu(2.5), 2.5);
+    }
+}

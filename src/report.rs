@@ -1,0 +1,42 @@
+//! `quantization_report.json`: what happened to every layer, for people and for CI.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::format::{ModuleKind, Scheme};
+
+/// Per-layer figures of one quantized layer.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LayerReport {
+    pub name: String,
+    pub scheme: Scheme,
+    pub kind: ModuleKind,
+    /// The stored weight's shape.
+    pub shape: Vec<usize>,
+    pub weight_scale_min: f32,
+    pub weight_scale_max: f32,
+    /// ||W - dequant(Q(W))|| / ||W||.
+    pub relative_weight_error: f64,
+}
+
+/// The whole report.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct QuantizationReport {
+    pub recipe: String,
+    pub source_format: String,
+    pub layers: Vec<LayerReport>,
+    /// Quantizable layers left full precision, with the reason.
+    pub skipped: BTreeMap<String, String>,
+    /// Tensors that the architecture always keeps full precision, with the reason.
+    pub kept_full_precision: BTreeMap<String, String>,
+}
+
+impl QuantizationReport {
+    /// The layer with the largest relative weight error, if any.
+    pub fn worst_layer(&self) -> Option<&LayerReport> {
+        self.layers
+            .iter()
+            .max_by(|a, b| a.relative_weight_error.total_cmp(&b.relative_weight_error))
+    }
+}
