@@ -1,0 +1,68 @@
+//! The command line, end to end on the real model.
+
+mod common;
+
+use common::cli;
+
+#[test]
+fn quantize_inspect_and_recipes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = common::tiny_en();
+    let dst = tmp.path().join("q");
+    let (ok, out, err) = cli(&[src.to_str().unwrap(), dst.to_str().unwrap(), "--recipe", "int8_w8a8_rtn", "--json"]);
+    assert!(ok, "{err}");
+    let summary: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(summary["quantized_layers"], 64);
+
+    let (ok, out, err) = cli(&["inspect", dst.to_str().unwrap(), "--json"]);
+    assert!(ok, "{err}");
+    let s: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(s["format_version"], 2);
+    assert_eq!(s["layers_by_kind_and_scheme"]["linear / int8_w8a8"], 64);
+    assert_eq!(s["skipped"]["encoder.conv1"], "module type conv1d not selected");
+    assert_eq!(s["producer"]["recipe"], "int8_w8a8_rtn");
+
+    let (ok, out, _) = cli(&["inspect", dst.to_str().unwrap()]);
+    assert!(ok && out.contains("64  linear / int8_w8a8") && out.contains("fingerprint"), "{out}");
+    let (ok, out, _) = cli(&["inspect", src.to_str().unwrap()]);
+    assert!(ok && out.contains("ctranslate2_whisper") && out.contains("full precision"), "{out}");
+
+    let (ok, out, _) = cli(&["recipes"]);
+    assert!(ok);
+    assert_eq!(out.lines().count(), 6, "{out}");
+    assert!(out.lines().next().unwrap().starts_with("int8_w8a8_rtn "));
+
+    // A user recipe file works like a built-in one.
+    let recipe = tmp.path().join("mine.toml");
+    std::fs::write(&recipe, "name = 'mine'\nsummary = 'fp8 linear only'\nscheme = 'fp8_w8a8'\nmodule_types = ['linear']\n[[algorithms]]\nname = 'rtn'\n").unwrap();
+    let (ok, _, err) = cli(&[src.to_str().unwrap(), tmp.path().join("mine").to_str().unwrap(), "--recipe", recipe.to_str().unwrap()]);
+    assert!(ok, "{err}");
+}
+
+#[test]
+fn errors_exit_non_zero_and_name_the_fault() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = common::tiny_en();
+    let dst = tmp.path().join("q");
+    let run = |args: &[&str]| {
+        let (ok, _, err) = cli(args);
+        assert!(!ok, "{args:?} should fail");
+        err
+    };
+    let s = src.to_str().unwrap();
+    let d = dst.to_str().unwrap();
+    assert!(run(&[s, d, "--recipe", "nope"]).contains("recipe `nope`"));
+    assert!(run(&[s, d, "--recipe", "smoothquant_w8a8"]).contains("--calib-manifest"));
+    assert!(run(&[s, d, "--module-types", "lstm"]).contains("lstm"));
+    assert!(run(&[s, d, "--option", "rtn.alpha=1"]).contains("rtn.alpha"));
+    assert!(run(&[s, s]).contains("is the input"));
+    assert!(run(&["inspect", tmp.path().to_str().unwrap()]).contains("not a checkpoint"));
+    assert!(run(&["convert", "/nonexistent/model", d]).contains("/nonexistent/model"));
+    assert!(!dst.exists());
+
+    let (ok, _, err) = cli(&["convert", s, d]);
+    assert!(ok, "{err}");
+    assert!(run(&["convert", s, d]).contains("--overwrite"));
+    let (ok, _, err) = cli(&["convert", s, d, "--overwrite"]);
+    assert!(ok, "{err}");
+}
