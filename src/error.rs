@@ -42,6 +42,13 @@ pub enum Error {
     NotImplemented { what: String, detail: String },
     #[error("output {}: {message}", path.display())]
     Output { path: PathBuf, message: String },
+    /// An audio file whose sample rate is not the model's. Audio is never resampled.
+    #[error("{}: sample rate is {found} Hz but the model expects {expected} Hz (oasr-quantize does not resample; convert the file first, e.g. `sox IN -r {expected} OUT`)", path.display())]
+    SampleRate {
+        path: PathBuf,
+        found: u32,
+        expected: u32,
+    },
 }
 
 /// The library's result type.

@@ -6,6 +6,7 @@
 
 pub mod error;
 pub mod format;
+pub mod frontend;
 pub mod numerics;
 
 pub use error::{Error, Result};
