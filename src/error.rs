@@ -40,8 +40,26 @@ pub enum Error {
     /// A known feature this version does not implement; refused by name rather than faked.
     #[error("{what} is not implemented in this version of oasr-quantize: {detail}")]
     NotImplemented { what: String, detail: String },
+    /// A failure while processing one utterance of a manifest.
+    #[error("utterance `{id}`: {source}")]
+    Utterance {
+        id: String,
+        #[source]
+        source: Box<Error>,
+    },
+    /// A failure inside a model's forward pass.
+    #[error("{what}: {message}")]
+    Model { what: String, message: String },
     #[error("output {}: {message}", path.display())]
     Output { path: PathBuf, message: String },
+    /// The CUDA runtime (feature `cuda`) could not do `what`: no driver, no GPU, no NVRTC, a
+    /// failed compilation, launch or copy. `message` says why and what to do.
+    #[error("CUDA {what}: {message}")]
+    Cuda { what: String, message: String },
+    /// Operands a GPU kernel refuses: a shape outside the kernel contract (M >= 1, K % 16 == 0,
+    /// N % 8 == 0), or slices whose lengths do not match the shape.
+    #[error("{op}: {message}")]
+    ShapeRefused { op: String, message: String },
     /// An audio file whose sample rate is not the model's. Audio is never resampled.
     #[error("{}: sample rate is {found} Hz but the model expects {expected} Hz (oasr-quantize does not resample; convert the file first, e.g. `sox IN -r {expected} OUT`)", path.display())]
     SampleRate {

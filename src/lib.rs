@@ -4,21 +4,25 @@
 //! The library never prints. Long operations report through a progress callback, and every
 //! failure is an [`Error`] that names the file, layer or option at fault.
 
+pub mod algorithms;
+pub mod calibration;
+pub mod checkpoint;
 pub mod error;
 pub mod format;
 pub mod frontend;
-pub mod numerics;
-
-pub use error::{Error, Result};
-pub mod algorithms;
-pub mod checkpoint;
+pub mod inspect;
 mod links;
 pub mod models;
+pub mod numerics;
 mod quantizer;
 pub mod recipe;
+#[cfg(feature = "cuda")]
+pub mod runtime;
 pub mod report;
 pub mod selection;
+pub mod transcribe;
+pub mod wer;
 
+pub use error::{Error, Result};
 pub use quantizer::{convert, layout_of, sha256_file, Outcome, Progress, Quantizer, Stage};
 pub use recipe::Recipe;
-pub mod inspect;

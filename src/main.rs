@@ -74,12 +74,31 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Transcribe a manifest with a full-precision checkpoint; reports WER when it has `text`.
+    Transcribe {
+        checkpoint: PathBuf,
+        /// JSON lines manifest: {"id", "audio", "text"?}.
+        #[arg(long)]
+        manifest: PathBuf,
+        /// Directory the manifest's audio paths are relative to (default: the manifest's).
+        #[arg(long)]
+        audio_root: Option<PathBuf>,
+        /// Write the full report (every transcript) as JSON to this file.
+        #[arg(long, value_name = "OUT")]
+        json: Option<PathBuf>,
+        /// Transcribe only the first N utterances.
+        #[arg(long)]
+        limit: Option<usize>,
+    },
     /// List the built-in recipes.
     Recipes {
         /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
     },
+    /// Time our int8/fp8 scaled_mm against cuBLASLt on this machine's GPU (feature `cuda`).
+    #[cfg(feature = "cuda")]
+    BenchGemm(oasr_quantize::runtime::bench::BenchArgs),
 }
 
 fn main() -> ExitCode {
@@ -92,6 +111,13 @@ fn main() -> ExitCode {
         }) => convert(src, dst, overwrite),
         Some(Command::Inspect { checkpoint, json }) => inspect(checkpoint, json),
         Some(Command::Recipes { json }) => recipes(json),
+        #[cfg(feature = "cuda")]
+        Some(Command::BenchGemm(args)) => {
+            oasr_quantize::runtime::bench::run_cli(&args, |line| eprintln!("{line}"))
+                .map(|table| print!("{table}"))
+                .map_err(Into::into)
+        }
+        Some(Command::Transcribe { checkpoint, manifest, audio_root, json, limit }) => transcribe(checkpoint, manifest, audio_root, json, limit),
         None => quantize(cli.quantize),
     };
     match result {
@@ -248,6 +274,41 @@ fn inspect(path: PathBuf, json: bool) -> Result<()> {
             println!("    {sha}  {file}");
         }
         println!("  fingerprint:   {}", p.fingerprint);
+    }
+    Ok(())
+}
+
+fn utterance_bar(total: usize) -> ProgressBar {
+    let bar = ProgressBar::new(total as u64);
+    bar.set_style(
+        ProgressStyle::with_template("{prefix:>12} [{bar:30}] {pos}/{len} {per_sec} ETA {eta} {wide_msg}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> "),
+    );
+    bar
+}
+
+fn transcribe(checkpoint: PathBuf, manifest: PathBuf, audio_root: Option<PathBuf>, json: Option<PathBuf>, limit: Option<usize>) -> Result<()> {
+    let manifest = oasr_quantize::calibration::Manifest::read(&manifest, audio_root.as_deref())?;
+    let bar = utterance_bar(limit.unwrap_or(usize::MAX).min(manifest.utterances.len()));
+    bar.set_prefix("transcribing");
+    let report = oasr_quantize::transcribe::transcribe_manifest(&checkpoint, &manifest, limit, |done, _, id| {
+        bar.set_position(done as u64);
+        bar.set_message(id.to_string());
+    })?;
+    bar.finish_and_clear();
+    for u in &report.utterances {
+        match &u.reference {
+            Some(r) if u.word_errors.is_some_and(|e| e.errors > 0) => println!("{}\t{}\t(ref: {r})", u.id, u.hypothesis),
+            _ => println!("{}\t{}", u.id, u.hypothesis),
+        }
+    }
+    if let Some(wer) = report.wer {
+        println!("WER {:.2}% ({} errors / {} words) over {} utterances", wer * 100.0, report.word_errors.errors, report.word_errors.words, report.utterances.len());
+    }
+    println!("{:.2} utterances/s ({:.1} s)", report.utterances_per_second, report.seconds);
+    if let Some(path) = json {
+        oasr_quantize::checkpoint::write_json(&path, &report)?;
     }
     Ok(())
 }

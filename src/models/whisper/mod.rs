@@ -1,9 +1,13 @@
 //! OpenAI Whisper (encoder-decoder), as OASR names and lays out its modules.
 
 mod config;
+pub mod decoding;
+pub mod forward;
 mod layout;
 
 pub use config::WhisperConfig;
+pub use decoding::{greedy, teacher_forced, Decoded, DecodingRules, WhisperTokenizer};
+pub use forward::{FullPrecision, Linear, LinearExec, Whisper};
 pub use layout::{expected_tensors, quantization_layout};
 
 /// The architecture's registry key in `oasr_config.json`.

@@ -1,0 +1,135 @@
+//! Word error rate with a documented English normalisation, the same on both sides.
+//!
+//! Normalisation: lower case; `-`, `/` and `:` become spaces; every other character that is not a
+//! letter, digit, apostrophe or whitespace is removed; apostrophes at word edges are removed;
+//! a number written in digits (0 to 999 999 999) becomes its spoken words ("20" → "twenty",
+//! "105" → "one hundred five"), so "twenty" and "20" compare equal; whitespace collapses.
+
+/// Word-level edit counts of one or more utterances.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct WordErrors {
+    /// Substitutions + deletions + insertions.
+    pub errors: usize,
+    /// Words in the normalised reference.
+    pub words: usize,
+}
+
+impl WordErrors {
+    pub fn add(&mut self, other: WordErrors) {
+        self.errors += other.errors;
+        self.words += other.words;
+    }
+
+    /// errors / words (0 for an empty reference with no errors).
+    pub fn rate(&self) -> f64 {
+        if self.words == 0 {
+            return if self.errors == 0 { 0.0 } else { 1.0 };
+        }
+        self.errors as f64 / self.words as f64
+    }
+}
+
+const ONES: [&str; 20] = [
+    "zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven", "twelve", "thirteen",
+    "fourteen", "fifteen", "sixteen", "seventeen", "eighteen", "nineteen",
+];
+const TENS: [&str; 10] = ["", "", "twenty", "thirty", "forty", "fifty", "sixty", "seventy", "eighty", "ninety"];
+
+fn below_thousand(n: u64, out: &mut Vec<String>) {
+    let (hundreds, rest) = (n / 100, n % 100);
+    if hundreds > 0 {
+        out.push(ONES[hundreds as usize].into());
+        out.push("hundred".into());
+    }
+    if rest >= 20 {
+        out.push(TENS[(rest / 10) as usize].into());
+        if rest % 10 != 0 {
+            out.push(ONES[(rest % 10) as usize].into());
+        }
+    } else if rest > 0 || hundreds == 0 {
+        out.push(ONES[rest as usize].into());
+    }
+}
+
+/// Spoken words of an integer below one billion.
+fn number_words(n: u64) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut rest = n;
+    for (scale, name) in [(1_000_000, "million"), (1_000, "thousand")] {
+        if rest >= scale {
+            below_thousand(rest / scale, &mut out);
+            out.push(name.into());
+            rest %= scale;
+        }
+    }
+    if rest > 0 || out.is_empty() {
+        below_thousand(rest, &mut out);
+    }
+    out
+}
+
+/// The normalised words of a text.
+pub fn normalize(text: &str) -> Vec<String> {
+    let cleaned: String = text
+        .to_lowercase()
+        .chars()
+        .map(|c| if matches!(c, '-' | '/' | ':') { ' ' } else { c })
+        .filter(|c| c.is_alphanumeric() || c.is_whitespace() || *c == '\'')
+        .collect();
+    let mut words = Vec::new();
+    for word in cleaned.split_whitespace() {
+        let word = word.trim_matches('\'');
+        if word.is_empty() {
+            continue;
+        }
+        match word.parse::<u64>() {
+            Ok(n) if n < 1_000_000_000 && word.chars().all(|c| c.is_ascii_digit()) => words.extend(number_words(n)),
+            _ => words.push(word.to_string()),
+        }
+    }
+    words
+}
+
+/// Word edit distance between a reference and a hypothesis, after normalisation.
+pub fn word_errors(reference: &str, hypothesis: &str) -> WordErrors {
+    let r = normalize(reference);
+    let h = normalize(hypothesis);
+    let mut prev: Vec<usize> = (0..=h.len()).collect();
+    let mut cur = vec![0; h.len() + 1];
+    for (i, rw) in r.iter().enumerate() {
+        cur[0] = i + 1;
+        for (j, hw) in h.iter().enumerate() {
+            let sub = prev[j] + usize::from(rw != hw);
+            cur[j + 1] = sub.min(prev[j + 1] + 1).min(cur[j] + 1);
+        }
+        std::mem::swap(&mut prev, &mut cur);
+    }
+    WordErrors { errors: prev[h.len()], words: r.len() }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn normalisation_is_case_punctuation_and_number_blind() {
+        assert_eq!(normalize("Hello, World!  It's 20 past-two."), ["hello", "world", "it's", "twenty", "past", "two"]);
+        assert_eq!(normalize("'Quoted' 105 and 1,000"), ["quoted", "one", "hundred", "five", "and", "one", "thousand"]);
+        assert_eq!(normalize("0 7 13 40 99 2024"), "zero seven thirteen forty ninety nine two thousand twenty four".split(' ').collect::<Vec<_>>());
+        assert_eq!(normalize("3000000"), ["three", "million"]);
+    }
+
+    #[test]
+    fn word_errors_count_substitutions_deletions_and_insertions() {
+        assert_eq!(word_errors("the cat sat", "The cat sat."), WordErrors { errors: 0, words: 3 });
+        assert_eq!(word_errors("the cat sat", "the bat sat down"), WordErrors { errors: 2, words: 3 });
+        assert_eq!(word_errors("the cat sat", "cat"), WordErrors { errors: 2, words: 3 });
+        assert_eq!(word_errors("twenty one", "21"), WordErrors { errors: 0, words: 2 });
+        assert_eq!(word_errors("", "noise"), WordErrors { errors: 1, words: 0 });
+        let mut total = WordErrors::default();
+        total.add(word_errors("a b c d", "a b c d"));
+        total.add(word_errors("a b c d", "a x c"));
+        assert_eq!(total, WordErrors { errors: 2, words: 8 });
+        assert_eq!(total.rate(), 0.25);
+    }
+}
