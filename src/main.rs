@@ -49,6 +49,15 @@ struct QuantizeArgs {
     /// Calibration manifest (JSON lines) for recipes that calibrate.
     #[arg(long, value_name = "MANIFEST")]
     calib_manifest: Option<PathBuf>,
+    /// Directory the calibration manifest's audio paths are relative to (default: its own).
+    #[arg(long, value_name = "DIR")]
+    audio_root: Option<PathBuf>,
+    /// Calibration utterances, evenly strided over the manifest sorted by id.
+    #[arg(long, default_value_t = oasr_quantize::calibration::DEFAULT_UTTERANCES)]
+    calib_utterances: usize,
+    /// SmoothQuant migration strength (shorthand for --option smoothquant.alpha=A).
+    #[arg(long)]
+    alpha: Option<f32>,
     /// Replace an existing output.
     #[arg(long)]
     overwrite: bool,
@@ -130,24 +139,20 @@ fn main() -> ExitCode {
 }
 
 fn progress_bar(hidden: bool) -> impl FnMut(&Progress) + Send + 'static {
-    let bar = if hidden {
-        ProgressBar::hidden()
-    } else {
-        ProgressBar::new(0)
-    };
-    bar.set_style(
-        ProgressStyle::with_template("{prefix:>10} [{bar:30}] {pos}/{len} {wide_msg}")
-            .unwrap_or_else(|_| ProgressStyle::default_bar())
-            .progress_chars("=> "),
-    );
+    let bar = if hidden { ProgressBar::hidden() } else { ProgressBar::new(0) };
+    let mut stage = None;
     move |p: &Progress| {
-        let prefix = match p.stage {
-            Stage::Hashing => "hashing",
-            Stage::Writing => "writing",
-        };
-        if bar.length() != Some(p.total) {
-            bar.set_length(p.total);
+        if stage != Some(p.stage) {
+            stage = Some(p.stage);
+            let (prefix, template) = match p.stage {
+                Stage::Hashing => ("hashing", "{prefix:>12} [{bar:30}] {pos}/{len} {wide_msg}"),
+                Stage::Calibrating => ("calibrating", "{prefix:>12} [{bar:30}] {pos}/{len} {per_sec} ETA {eta} {wide_msg}"),
+                Stage::Writing => ("writing", "{prefix:>12} [{bar:30}] {pos}/{len} {wide_msg}"),
+            };
+            bar.set_style(ProgressStyle::with_template(template).unwrap_or_else(|_| ProgressStyle::default_bar()).progress_chars("=> "));
             bar.set_prefix(prefix);
+            bar.reset();
+            bar.set_length(p.total);
         }
         bar.set_position(p.done);
         bar.set_message(p.item.to_string());
@@ -174,7 +179,13 @@ fn quantize(args: QuantizeArgs) -> Result<()> {
         q = q.module_types(ModuleKind::parse_list(list)?);
     }
     if let Some(manifest) = args.calib_manifest {
-        q = q.calib_manifest(manifest);
+        q = q.calib_manifest(manifest).calib_utterances(args.calib_utterances);
+    }
+    if let Some(root) = args.audio_root {
+        q = q.audio_root(root);
+    }
+    if let Some(alpha) = args.alpha {
+        q = q.option(format!("smoothquant.alpha={alpha}"));
     }
     let started = std::time::Instant::now();
     let outcome = q.on_progress(progress_bar(args.json)).run()?;

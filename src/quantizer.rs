@@ -4,10 +4,12 @@
 use std::collections::{BTreeMap, HashMap};
 use std::io::Read;
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
 use sha2::{Digest, Sha256};
 
-use crate::algorithms::{self, rtn};
+use crate::algorithms::{self, rtn, smoothquant, WorkingTensors};
+use crate::calibration::{self, AbsMaxObserver, CalibrationSet, Manifest};
 use crate::checkpoint::{
     self, Checkpoint, DType, NativeConfig, StagedDir, Tensor, TensorPlan, CONFIG_FILE, REPORT_FILE,
 };
@@ -16,16 +18,20 @@ use crate::format::{
     AlgorithmRecord, LayerSpec, ModuleKind, ProducerRecord, QuantDtype, QuantizationSpec,
     SmoothFold, SourceRecord,
 };
+use crate::models::whisper::FullPrecision;
 use crate::models::{self, QuantizableLayer, QuantizationLayout};
 use crate::recipe::Recipe;
 use crate::report::{LayerReport, QuantizationReport};
 use crate::selection;
+use crate::transcribe::Transcriber;
 
 /// A step of a run, for progress display.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Stage {
     /// Hashing the source files for provenance.
     Hashing,
+    /// Running calibration utterances through the model (one unit per utterance).
+    Calibrating,
     /// Writing tensors (quantizing the selected ones).
     Writing,
 }
@@ -72,6 +78,8 @@ pub struct Quantizer {
     ignore: Vec<String>,
     module_types: Option<Vec<ModuleKind>>,
     calib_manifest: Option<PathBuf>,
+    audio_root: Option<PathBuf>,
+    calib_utterances: usize,
     overwrite: bool,
     progress: Option<ProgressFn>,
 }
@@ -86,6 +94,8 @@ impl Quantizer {
             ignore: Vec::new(),
             module_types: None,
             calib_manifest: None,
+            audio_root: None,
+            calib_utterances: calibration::DEFAULT_UTTERANCES,
             overwrite: false,
             progress: None,
         }
@@ -121,6 +131,19 @@ impl Quantizer {
         self
     }
 
+    /// The directory the calibration manifest's audio paths are relative to (default: the
+    /// manifest's own directory).
+    pub fn audio_root(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.audio_root = Some(dir.into());
+        self
+    }
+
+    /// How many utterances calibration uses (default 128), evenly strided over the sorted ids.
+    pub fn calib_utterances(mut self, count: usize) -> Self {
+        self.calib_utterances = count;
+        self
+    }
+
     /// Replaces an existing output.
     pub fn overwrite(mut self, yes: bool) -> Self {
         self.overwrite = yes;
@@ -143,25 +166,13 @@ impl Quantizer {
             recipe.module_types = kinds.clone();
         }
         if recipe.calibration && self.calib_manifest.is_none() {
-            return Err(Error::option(
-                "--calib-manifest",
-                format!(
-                    "recipe `{}` calibrates and needs a calibration manifest",
-                    recipe.name
-                ),
-            ));
+            return Err(Error::option("--calib-manifest", format!("recipe `{}` calibrates and needs a calibration manifest", recipe.name)));
         }
         for step in &recipe.algorithms {
             algorithms::check_implemented(&step.name, &recipe.name)?;
         }
         if self.calib_manifest.is_some() && !recipe.calibration {
-            return Err(Error::option(
-                "--calib-manifest",
-                format!(
-                    "recipe `{}` does not calibrate; drop the manifest",
-                    recipe.name
-                ),
-            ));
+            return Err(Error::option("--calib-manifest", format!("recipe `{}` does not calibrate; drop the manifest", recipe.name)));
         }
         let staged = StagedDir::create(&self.dst, self.overwrite, &[&self.src])?;
         let source = Checkpoint::open(&self.src)?;
@@ -170,66 +181,52 @@ impl Quantizer {
         }
         let layout = layout_of(&source)?;
         let dtype = recipe.scheme.dtype();
-        let selection =
-            selection::select(&layout, &recipe.module_types, &self.ignore, dtype, false)?;
+        let selection = selection::select(&layout, &recipe.module_types, &self.ignore, dtype, false)?;
         let source_files = hash_files(&source, &mut self.progress)?;
+        let mut files_read = source.files_read.clone();
+
+        // Calibration and smoothing, when the recipe asks for them.
+        let mut working = WorkingTensors::new(&source);
+        let mut smoothing = Smoothing::default();
+        let mut calibration_record = None;
+        if let Some(manifest_path) = &self.calib_manifest {
+            let manifest = Manifest::read(manifest_path, self.audio_root.as_deref())?;
+            let t = Transcriber::new(&source)?;
+            let set = CalibrationSet::select(&manifest, self.calib_utterances, t.sample_rate)?;
+            files_read.push(manifest_path.clone());
+            files_read.extend(set.utterances.iter().map(|u| u.audio.clone()));
+            let observed = self.calibrate(&t, &set)?;
+            if let Some(step) = recipe.algorithms.iter().find(|a| a.name == "smoothquant") {
+                let alpha = match step.options.get("alpha") {
+                    None => smoothquant::DEFAULT_ALPHA,
+                    Some(v) => v.as_f64().ok_or_else(|| Error::option("smoothquant.alpha", format!("{v} is not a number")))? as f32,
+                };
+                let quantized = selection.selected.iter().map(|l| l.name.clone()).collect();
+                let groups = smoothquant::plan(&layout, &quantized, &observed, &working, alpha)?;
+                let smooth_inv = smoothquant::apply(&groups, &mut working)?;
+                smoothing = Smoothing { groups, smooth_inv };
+            }
+            calibration_record = Some(set.record);
+        }
 
         let mut layers = BTreeMap::new();
         for layer in &selection.selected {
-            layers.insert(
-                layer.name.clone(),
-                LayerSpec {
-                    scheme: recipe.scheme,
-                    kind: layer.kind,
-                    smooth: SmoothFold::None,
-                    smoothed_into: None,
-                    input_quantized_by: None,
-                },
-            );
+            let (smooth, smoothed_into) = smoothing.of(&layer.name).map_or((SmoothFold::None, None), |g| (g.fold, g.smoothed_into.clone()));
+            layers.insert(layer.name.clone(), LayerSpec { scheme: recipe.scheme, kind: layer.kind, smooth, smoothed_into, input_quantized_by: None });
         }
         let links = crate::links::arm(&layout, &mut layers);
 
-        let selected: HashMap<String, &QuantizableLayer> = selection
-            .selected
-            .iter()
-            .map(|l| (format!("{}.weight", l.name), l))
-            .collect();
+        let selected: HashMap<String, &QuantizableLayer> = selection.selected.iter().map(|l| (format!("{}.weight", l.name), l)).collect();
         let mut plan = BTreeMap::new();
         for (name, t) in &source.tensors {
-            match selected.get(name) {
-                Some(layer) => {
-                    let code_dtype = if dtype == QuantDtype::Int8 {
-                        DType::I8
-                    } else {
-                        DType::F8E4m3
-                    };
-                    plan.insert(
-                        name.clone(),
-                        TensorPlan {
-                            name: name.clone(),
-                            dtype: code_dtype,
-                            shape: t.shape.clone(),
-                        },
-                    );
-                    let scale = format!("{}.weight_scale", layer.name);
-                    plan.insert(
-                        scale.clone(),
-                        TensorPlan {
-                            name: scale,
-                            dtype: DType::F32,
-                            shape: vec![layer.out_features],
-                        },
-                    );
-                }
-                None => {
-                    plan.insert(
-                        name.clone(),
-                        TensorPlan {
-                            name: name.clone(),
-                            dtype: t.dtype,
-                            shape: t.shape.clone(),
-                        },
-                    );
+            plan.insert(name.clone(), TensorPlan { name: name.clone(), dtype: t.dtype, shape: t.shape.clone() });
+            if let Some(layer) = selected.get(name) {
+                plan.insert(name.clone(), TensorPlan { name: name.clone(), dtype: code_dtype(dtype), shape: t.shape.clone() });
+                let scale = format!("{}.weight_scale", layer.name);
+                plan.insert(scale.clone(), TensorPlan { name: scale, dtype: DType::F32, shape: vec![layer.out_features] });
+                if let Some(inv) = smoothing.smooth_inv.get(&layer.name) {
+                    let key = format!("{}.smooth_inv", layer.name);
+                    plan.insert(key.clone(), TensorPlan { name: key, dtype: DType::F32, shape: vec![inv.len()] });
                 }
             }
         }
@@ -239,57 +236,55 @@ impl Quantizer {
         let total = plan.len() as u64;
         let mut done = 0u64;
         let progress = &mut self.progress;
-        let fingerprint =
-            checkpoint::write_weights(staged.path(), plan.into_values().collect(), |entry| {
-                done += 1;
-                if let Some(f) = progress.as_mut() {
-                    f(&Progress {
-                        stage: Stage::Writing,
-                        done,
-                        total,
-                        item: &entry.name,
-                    });
+        let fingerprint = checkpoint::write_weights(staged.path(), plan.into_values().collect(), |entry| {
+            done += 1;
+            if let Some(f) = progress.as_mut() {
+                f(&Progress { stage: Stage::Writing, done, total, item: &entry.name });
+            }
+            if let Some(layer) = selected.get(&entry.name) {
+                let n = layer.out_features;
+                let w = working.get(&entry.name)?;
+                let q = rtn::quantize_weight(&w, n, w.len() / n, dtype);
+                let group = smoothing.of(&layer.name);
+                let range = |v: &[f32]| (v.iter().copied().fold(f32::INFINITY, f32::min), v.iter().copied().fold(f32::NEG_INFINITY, f32::max));
+                reports.push(LayerReport {
+                    name: layer.name.clone(),
+                    scheme: recipe.scheme,
+                    kind: layer.kind,
+                    shape: entry.shape.clone(),
+                    weight_scale_min: range(&q.scales).0,
+                    weight_scale_max: range(&q.scales).1,
+                    relative_weight_error: q.relative_error,
+                    smooth: group.map_or(SmoothFold::None, |g| g.fold),
+                    smoothed_into: group.and_then(|g| g.smoothed_into.clone()),
+                    smoothing_factor_min: group.map(|g| range(&g.factors).0),
+                    smoothing_factor_max: group.map(|g| range(&g.factors).1),
+                    input_absmax_min: group.map(|g| range(&g.input_absmax).0),
+                    input_absmax_max: group.map(|g| range(&g.input_absmax).1),
+                });
+                scales.insert(layer.name.clone(), q.scales);
+                return Ok(Tensor::from_bytes(entry.dtype, entry.shape.clone(), q.codes));
+            }
+            if let Some(layer) = entry.name.strip_suffix(".weight_scale") {
+                if let Some(s) = scales.remove(layer) {
+                    return Ok(Tensor::from_f32(entry.shape.clone(), &s));
                 }
-                if let Some(layer) = selected.get(&entry.name) {
-                    let t = &source.tensors[&entry.name];
-                    let n = layer.out_features;
-                    let k = t.numel() / n;
-                    let q = rtn::quantize_weight(&t.to_f32(), n, k, dtype);
-                    reports.push(LayerReport {
-                        name: layer.name.clone(),
-                        scheme: recipe.scheme,
-                        kind: layer.kind,
-                        shape: t.shape.clone(),
-                        weight_scale_min: q.scales.iter().copied().fold(f32::INFINITY, f32::min),
-                        weight_scale_max: q
-                            .scales
-                            .iter()
-                            .copied()
-                            .fold(f32::NEG_INFINITY, f32::max),
-                        relative_weight_error: q.relative_error,
-                    });
-                    scales.insert(layer.name.clone(), q.scales);
-                    return Ok(Tensor::from_bytes(
-                        entry.dtype,
-                        entry.shape.clone(),
-                        q.codes,
-                    ));
+            }
+            if let Some(layer) = entry.name.strip_suffix(".smooth_inv") {
+                if let Some(inv) = smoothing.smooth_inv.get(layer) {
+                    return Ok(Tensor::from_f32(entry.shape.clone(), inv));
                 }
-                if let Some(layer) = entry.name.strip_suffix(".weight_scale") {
-                    if let Some(s) = scales.remove(layer) {
-                        return Ok(Tensor::from_f32(entry.shape.clone(), &s));
-                    }
-                }
-                source.tensors.get(&entry.name).cloned().ok_or_else(|| {
-                    Error::tensor(&self.src, &entry.name, "planned but not produced")
-                })
-            })?;
+            }
+            let source_tensor = source.tensors.get(&entry.name).ok_or_else(|| Error::tensor(&self.src, &entry.name, "planned but not produced"))?;
+            Ok(match working.changed(&entry.name) {
+                // A folded parameter, stored back in the source's dtype.
+                Some(values) => Tensor::from_f32(entry.shape.clone(), values).to_float_dtype(source_tensor.dtype),
+                None => source_tensor.clone(),
+            })
+        })?;
 
         let spec = QuantizationSpec {
-            schemes: layers
-                .values()
-                .map(|l| (l.scheme.name().to_string(), l.scheme.args()))
-                .collect(),
+            schemes: layers.values().map(|l| (l.scheme.name().to_string(), l.scheme.args())).collect(),
             kv_cache: recipe.kv_cache.clone(),
             module_types: recipe.module_types.clone(),
             layers,
@@ -298,19 +293,9 @@ impl Quantizer {
                 name: env!("CARGO_PKG_NAME").into(),
                 version: env!("CARGO_PKG_VERSION").into(),
                 recipe: recipe.name.clone(),
-                algorithms: recipe
-                    .algorithms
-                    .iter()
-                    .map(|a| AlgorithmRecord {
-                        name: a.name.clone(),
-                        options: a.options.clone(),
-                    })
-                    .collect(),
-                calibration: None,
-                source: SourceRecord {
-                    format: source.format.name().into(),
-                    files: source_files,
-                },
+                algorithms: recipe.algorithms.iter().map(|a| AlgorithmRecord { name: a.name.clone(), options: a.options.clone() }).collect(),
+                calibration: calibration_record,
+                source: SourceRecord { format: source.format.name().into(), files: source_files },
                 skipped: selection.skipped.clone(),
                 fingerprint,
             },
@@ -329,11 +314,40 @@ impl Quantizer {
         };
         checkpoint::write_json(&staged.path().join(REPORT_FILE), &report)?;
         let output = staged.commit()?;
-        Ok(Outcome {
-            output,
-            files_read: source.files_read,
-            report: Some(report),
-        })
+        Ok(Outcome { output, files_read, report: Some(report) })
+    }
+
+    /// Pass 1: per-channel input absmax of every GEMM over the calibration set, in fp32.
+    fn calibrate(&mut self, t: &Transcriber, set: &CalibrationSet) -> Result<AbsMaxObserver> {
+        let total = set.utterances.len() as u64;
+        let mut report = |done: usize, _: usize, id: &str| {
+            if let Some(f) = self.progress.as_mut() {
+                f(&Progress { stage: Stage::Calibrating, done: done as u64, total, item: id });
+            }
+        };
+        let sink: Mutex<&mut (dyn FnMut(usize, usize, &str) + Send)> = Mutex::new(&mut report);
+        calibration::observe(t, set, || FullPrecision, &sink)
+    }
+}
+
+fn code_dtype(dtype: QuantDtype) -> DType {
+    match dtype {
+        QuantDtype::Int8 => DType::I8,
+        QuantDtype::Float8E4m3fn => DType::F8E4m3,
+    }
+}
+
+/// The smoothing a run applied: its groups, and the runtime smoothers by consumer.
+#[derive(Default)]
+struct Smoothing {
+    groups: Vec<smoothquant::SmoothedGroup>,
+    smooth_inv: BTreeMap<String, Vec<f32>>,
+}
+
+impl Smoothing {
+    /// The group that smoothed a layer's input, if any.
+    fn of(&self, layer: &str) -> Option<&smoothquant::SmoothedGroup> {
+        self.groups.iter().find(|g| g.consumers.iter().any(|c| c == layer))
     }
 }
 

@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::format::{ModuleKind, Scheme};
+use crate::format::{ModuleKind, Scheme, SmoothFold};
 
 /// Per-layer figures of one quantized layer.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -16,8 +16,17 @@ pub struct LayerReport {
     pub shape: Vec<usize>,
     pub weight_scale_min: f32,
     pub weight_scale_max: f32,
-    /// ||W - dequant(Q(W))|| / ||W||.
+    /// ||W - dequant(Q(W))|| / ||W|| (W as quantized: after smoothing, W·s).
     pub relative_weight_error: f64,
+    /// Where SmoothQuant's 1/s for this layer's input went (`none` when not smoothed).
+    pub smooth: SmoothFold,
+    /// The module that absorbed 1/s (a norm or the V projection); null for runtime or none.
+    pub smoothed_into: Option<String>,
+    pub smoothing_factor_min: Option<f32>,
+    pub smoothing_factor_max: Option<f32>,
+    /// The calibrated per-channel max |x| of the layer's input (before smoothing).
+    pub input_absmax_min: Option<f32>,
+    pub input_absmax_max: Option<f32>,
 }
 
 /// The whole report.

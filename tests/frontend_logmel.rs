@@ -36,7 +36,10 @@ fn clip() -> Vec<f32> {
     let meta = golden();
     let file = meta["clip"]["file"].as_str().unwrap();
     let samples = read_audio(&fixture_dir().join(file), SAMPLE_RATE).unwrap();
-    assert_eq!(samples.len() as u64, meta["clip"]["samples"].as_u64().unwrap());
+    assert_eq!(
+        samples.len() as u64,
+        meta["clip"]["samples"].as_u64().unwrap()
+    );
     samples
 }
 
@@ -97,7 +100,11 @@ fn frontend_slaney_filters_match_openai_mel_filters_npz() {
         );
         // Zero exactly where OpenAI's is zero: the sparse bands must not lose or gain bins.
         for (i, (a, b)) in ours.iter().zip(&reference).enumerate() {
-            assert_eq!(*a == 0.0, *b == 0.0, "n_mels {n_mels}, index {i}: {a} vs {b}");
+            assert_eq!(
+                *a == 0.0,
+                *b == 0.0,
+                "n_mels {n_mels}, index {i}: {a} vs {b}"
+            );
         }
     }
 }
@@ -116,10 +123,7 @@ fn frontend_logmel_matches_golden_on_a_real_clip() {
             "tiled" => &tiled,
             other => panic!("unknown input {other}"),
         };
-        assert_eq!(
-            input.len() as u64,
-            entry["input_samples"].as_u64().unwrap()
-        );
+        assert_eq!(input.len() as u64, entry["input_samples"].as_u64().unwrap());
         let frames = expand_frames(&entry["frames"]);
         let reference = read_f32(entry["file"].as_str().unwrap());
         assert_eq!(reference.len(), n_mels * frames.len());

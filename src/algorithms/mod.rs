@@ -2,6 +2,10 @@
 //! known but not implemented in this version is refused by name.
 
 pub mod rtn;
+pub mod smoothquant;
+mod working;
+
+pub use working::WorkingTensors;
 
 use crate::error::{Error, Result};
 
@@ -9,33 +13,24 @@ use crate::error::{Error, Result};
 struct Registered {
     name: &'static str,
     options: &'static [&'static str],
-    implemented: bool,
+    /// `None` when implemented; otherwise what to do instead.
+    missing: Option<&'static str>,
     what: &'static str,
 }
 
 const REGISTRY: &[Registered] = &[
-    Registered {
-        name: "rtn",
-        options: &[],
-        implemented: true,
-        what: "round-to-nearest weights per output channel",
-    },
-    Registered {
-        name: "smoothquant",
-        options: &["alpha"],
-        implemented: false,
-        what: "SmoothQuant activation smoothing from calibration",
-    },
+    Registered { name: "rtn", options: &[], missing: None, what: "round-to-nearest weights per output channel" },
+    Registered { name: "smoothquant", options: &["alpha"], missing: None, what: "SmoothQuant activation smoothing from calibration" },
     Registered {
         name: "static_inputs",
         options: &["observer", "percentile"],
-        implemented: false,
+        missing: Some("the fused recipes land in a later version; use smoothquant_w8a8 or smoothquant_fp8_w8a8"),
         what: "calibrated static input scales",
     },
     Registered {
         name: "static_conv_inputs",
         options: &["observer", "percentile"],
-        implemented: false,
+        missing: Some("quantized convolutions land in a later version; keep the default --module-types"),
         what: "calibrated static input scales of convolutions",
     },
 ];
@@ -81,16 +76,11 @@ pub fn check_option(name: &str, option: &str) -> Result<()> {
 /// Errors, by name, when this version does not implement the algorithm.
 pub fn check_implemented(name: &str, recipe: &str) -> Result<()> {
     let r = find(name)?;
-    if r.implemented {
-        return Ok(());
+    match r.missing {
+        None => Ok(()),
+        Some(instead) => Err(Error::NotImplemented {
+            what: format!("algorithm `{name}` ({}), needed by recipe `{recipe}`", r.what),
+            detail: instead.into(),
+        }),
     }
-    Err(Error::NotImplemented {
-        what: format!(
-            "algorithm `{name}` ({}), needed by recipe `{recipe}`",
-            r.what
-        ),
-        detail:
-            "calibration-based recipes land in a later version; use int8_w8a8_rtn or fp8_w8a8_rtn"
-                .into(),
-    })
 }

@@ -195,7 +195,12 @@ fn decode_symphonia(path: &Path, file: File, expected_rate: Option<u32>) -> Resu
     };
     let probed = symphonia::default::get_probe()
         .format(&hint, stream, &format_options, &MetadataOptions::default())
-        .map_err(|e| corrupt("not a WAV, FLAC, Ogg Vorbis or MP3 file that can be decoded", e))?;
+        .map_err(|e| {
+            corrupt(
+                "not a WAV, FLAC, Ogg Vorbis or MP3 file that can be decoded",
+                e,
+            )
+        })?;
     let mut format = probed.format;
     let track = format
         .tracks()

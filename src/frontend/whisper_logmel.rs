@@ -166,7 +166,10 @@ impl WhisperFrontend {
             .map(|row| {
                 let first = row.iter().position(|&w| w != 0.0).unwrap_or(0);
                 let last = row.iter().rposition(|&w| w != 0.0).map_or(first, |l| l + 1);
-                (first, row[first..last].iter().map(|&w| f64::from(w)).collect())
+                (
+                    first,
+                    row[first..last].iter().map(|&w| f64::from(w)).collect(),
+                )
             })
             .collect();
         let fft = RealFftPlanner::<f64>::new().plan_fft_forward(N_FFT);
@@ -215,7 +218,15 @@ impl WhisperFrontend {
                     Padding::Transcribe => content,
                     _ => N_FRAMES,
                 };
-                (Signal { audio: samples, len }, audible.min(total), kept, content)
+                (
+                    Signal {
+                        audio: samples,
+                        len,
+                    },
+                    audible.min(total),
+                    kept,
+                    content,
+                )
             }
             Padding::PadOrTrimAudio => {
                 let audio = &samples[..samples.len().min(N_SAMPLES)];
@@ -302,11 +313,7 @@ impl WhisperFrontend {
                 continue;
             }
             self.fft
-                .process_with_scratch(
-                    &mut scratch.frame,
-                    &mut scratch.spectrum,
-                    &mut scratch.fft,
-                )
+                .process_with_scratch(&mut scratch.frame, &mut scratch.spectrum, &mut scratch.fft)
                 .expect("FFT buffers are made by the plan itself");
             for (p, c) in scratch.power.iter_mut().zip(&scratch.spectrum) {
                 *p = c.re * c.re + c.im * c.im;

@@ -5,6 +5,7 @@ use rayon::prelude::*;
 
 use super::activation::{activate, Activation};
 use super::e4m3::e4m3_decode_table;
+use super::kernels::{dot_i8_kernel, fp8_tile_kernel, Fp8Panel, N_TILE};
 use super::quantize::{encode, static_multipliers, QuantDtype};
 use super::rounding::{out_bits_to_f32, round_to_out, OutDtype};
 
@@ -57,19 +58,8 @@ pub fn epilogue_value(
     activate(activation, v)
 }
 
-/// Exact i8·i8 dot product; written as a plain zip-sum so LLVM vectorises it.
-#[inline]
-fn dot_i8(a: &[u8], w: &[u8]) -> i32 {
-    a.iter()
-        .zip(w)
-        .map(|(&x, &y)| i32::from(x as i8) * i32::from(y as i8))
-        .sum()
-}
-
 /// Rows of A per task: a W row is reused from L1 across them.
 const ROW_BLOCK: usize = 4;
-/// Output columns per fp8 tile: ROW_BLOCK · N_TILE f32 accumulators stay in L1.
-const N_TILE: usize = 256;
 
 #[allow(clippy::too_many_arguments)]
 fn check_shapes(
@@ -153,16 +143,17 @@ where
                 k <= INT8_MAX_K,
                 "k = {k} exceeds {INT8_MAX_K}, the int32 accumulator's exact range"
             );
+            let dot = dot_i8_kernel();
             out.par_chunks_mut(ROW_BLOCK * n)
                 .enumerate()
                 .for_each(|(blk, out_rows)| {
                     let i0 = blk * ROW_BLOCK;
                     let rows = out_rows.len() / n;
-                    for (j, w_row) in w.chunks_exact(k.max(1)).take(n).enumerate() {
-                        let w_row = &w_row[..k];
+                    for j in 0..n {
+                        let w_row = &w[j * k..(j + 1) * k];
                         for r in 0..rows {
                             let i = i0 + r;
-                            let acc = dot_i8(&a[i * k..(i + 1) * k], w_row);
+                            let acc = dot(&a[i * k..(i + 1) * k], w_row);
                             // `as` from i32 to f32 rounds to nearest even (__int2float_rn).
                             out_rows[r * n + j] = value(i, j, acc as f32);
                         }
@@ -174,34 +165,33 @@ where
             // W decoded and transposed to [K, N], so that the strictly sequential sum over k
             // of each output still vectorises across neighbouring outputs.
             let mut wt = vec![0f32; k * n];
-            for (j, w_row) in w.chunks_exact(k.max(1)).take(n).enumerate() {
-                for (kk, &c) in w_row[..k].iter().enumerate() {
+            for j in 0..n {
+                for (kk, &c) in w[j * k..(j + 1) * k].iter().enumerate() {
                     wt[kk * n + j] = lut[usize::from(c)];
                 }
             }
+            let tile = fp8_tile_kernel();
             out.par_chunks_mut(ROW_BLOCK * n)
                 .enumerate()
                 .for_each(|(blk, out_rows)| {
                     let i0 = blk * ROW_BLOCK;
                     let rows = out_rows.len() / n;
+                    let panel = Fp8Panel {
+                        lut: &lut,
+                        a_rows: &a[i0 * k..(i0 + rows) * k],
+                        k,
+                        wt: &wt,
+                        n,
+                    };
                     let mut acc = vec![0f32; rows * N_TILE];
                     for j0 in (0..n).step_by(N_TILE) {
                         let nt = N_TILE.min(n - j0);
-                        // The sum starts from +0.0 and adds a(k) * w(k) for k = 0, 1, ...;
-                        // each product of two e4m3 values is exact in f32.
+                        // Each sum starts from +0.0 and adds a(k) * w(k) for k = 0, 1, ...;
+                        // every product of two e4m3 values is exact in f32.
                         acc.fill(0.0);
-                        for kk in 0..k {
-                            let w_seg = &wt[kk * n + j0..kk * n + j0 + nt];
-                            for r in 0..rows {
-                                let av = lut[usize::from(a[(i0 + r) * k + kk])];
-                                let acc_r = &mut acc[r * N_TILE..r * N_TILE + nt];
-                                for (s, &wv) in acc_r.iter_mut().zip(w_seg) {
-                                    *s += av * wv;
-                                }
-                            }
-                        }
-                        for r in 0..rows {
-                            for (jj, &s) in acc[r * N_TILE..r * N_TILE + nt].iter().enumerate() {
+                        tile(&panel, j0, nt, &mut acc);
+                        for (r, acc_r) in acc.chunks_exact(N_TILE).enumerate() {
+                            for (jj, &s) in acc_r[..nt].iter().enumerate() {
                                 out_rows[r * n + j0 + jj] = value(i0 + r, j0 + jj, s);
                             }
                         }

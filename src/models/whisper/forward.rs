@@ -81,35 +81,83 @@ struct Attention {
     heads: usize,
 }
 
-/// `[rows, heads · dh]` → `[heads, rows, dh]`.
-fn split_heads(x: &Tensor, heads: usize, what: &str) -> Result<Tensor> {
-    let (rows, d) = x.dims2().map_err(ce(what))?;
-    x.reshape((rows, heads, d / heads)).and_then(|t| t.transpose(0, 1)).and_then(|t| t.contiguous()).map_err(ce(what))
+/// `dst[m, n] = scale · Σ_k lhs[m, k] · rhs[k, n]` on strided f32 views (row stride, column
+/// stride), single-threaded: callers parallelise over heads.
+///
+/// # Safety
+/// Every element addressed by the shapes and strides must lie inside the pointed-to buffers, and
+/// `dst` must not overlap the operands.
+#[allow(clippy::too_many_arguments)]
+unsafe fn strided_gemm(m: usize, n: usize, k: usize, dst: *mut f32, dst_rs: usize, lhs: *const f32, lhs_rs: usize, lhs_cs: usize, rhs: *const f32, rhs_rs: usize, rhs_cs: usize, scale: f32) {
+    gemm::gemm(m, n, k, dst, 1, dst_rs as isize, false, lhs, lhs_cs as isize, lhs_rs as isize, rhs, rhs_cs as isize, rhs_rs as isize, 0.0, scale, false, false, false, gemm::Parallelism::None);
+}
+
+/// Scaled dot-product attention of every head, straight from `[rows, heads · dh]` layouts:
+/// `q` is `[T, D]`, `k` and `v` are `[S, D]`; query `i` sees keys `0..=causal_start + i` when
+/// causal, all keys otherwise. Returns the heads merged, `[T, D]`. Heads run in parallel.
+fn attention_core(q: &[f32], k: &[f32], v: &[f32], d: usize, heads: usize, causal_start: Option<usize>) -> Vec<f32> {
+    use rayon::prelude::*;
+    let (dh, t, s) = (d / heads, q.len() / d, k.len() / d);
+    let scale = 1.0 / (dh as f32).sqrt();
+    let per_head: Vec<Vec<f32>> = (0..heads)
+        .into_par_iter()
+        .map(|h| {
+            let mut scores = vec![0f32; t * s];
+            // SAFETY: q_h is [t, dh] at offset h·dh with row stride d; k_hᵀ is [dh, s] with
+            // element (c, j) at j·d + h·dh + c; scores is [t, s] row-major. All in bounds.
+            unsafe { strided_gemm(t, s, dh, scores.as_mut_ptr(), s, q.as_ptr().add(h * dh), d, 1, k.as_ptr().add(h * dh), 1, d, scale) };
+            for (i, row) in scores.chunks_exact_mut(s).enumerate() {
+                let visible = causal_start.map_or(s, |start| (start + i + 1).min(s));
+                let (seen, hidden) = row.split_at_mut(visible);
+                let max = seen.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                let mut sum = 0f32;
+                for p in seen.iter_mut() {
+                    *p = (*p - max).exp();
+                    sum += *p;
+                }
+                seen.iter_mut().for_each(|p| *p /= sum);
+                hidden.fill(0.0);
+            }
+            let mut out = vec![0f32; t * dh];
+            // SAFETY: scores is [t, s]; v_h is [s, dh] at offset h·dh with row stride d; out is
+            // [t, dh] row-major. All in bounds.
+            unsafe { strided_gemm(t, dh, s, out.as_mut_ptr(), dh, scores.as_ptr(), s, 1, v.as_ptr().add(h * dh), d, 1, 1.0) };
+            out
+        })
+        .collect();
+    let mut merged = vec![0f32; t * d];
+    for (h, out) in per_head.iter().enumerate() {
+        for (row, src) in merged.chunks_exact_mut(d).zip(out.chunks_exact(dh)) {
+            row[h * dh..(h + 1) * dh].copy_from_slice(src);
+        }
+    }
+    merged
+}
+
+fn to_vec(x: &Tensor, what: &str) -> Result<Vec<f32>> {
+    x.flatten_all().and_then(|f| f.to_vec1::<f32>()).map_err(ce(what))
+}
+
+/// Keys and values of one attention, `[S, D]` row-major.
+#[derive(Debug, Clone, Default)]
+struct KeysValues {
+    keys: Vec<f32>,
+    values: Vec<f32>,
 }
 
 impl Attention {
-    /// Attends queries from `x` over `keys`/`values` (`[heads, S, dh]`) with an optional additive
-    /// mask `[T, S]`; returns the output projection's result.
-    fn attend(&self, exec: &mut dyn LinearExec, x: &Tensor, keys: &Tensor, values: &Tensor, mask: Option<&Tensor>) -> Result<Tensor> {
+    /// Attends queries from `x` over `kv`; returns the output projection's result.
+    fn attend(&self, exec: &mut dyn LinearExec, x: &Tensor, kv: &KeysValues, causal_start: Option<usize>) -> Result<Tensor> {
         let what = &self.out.name;
-        let q = split_heads(&exec.linear(&self.q, x)?, self.heads, what)?;
-        let dh = q.dim(2).map_err(ce(what))?;
-        let scale = 1.0 / (dh as f64).sqrt();
-        let mut scores = q.matmul(&keys.t().map_err(ce(what))?).and_then(|s| s * scale).map_err(ce(what))?;
-        if let Some(mask) = mask {
-            scores = scores.broadcast_add(mask).map_err(ce(what))?;
-        }
-        let probs = candle_nn::ops::softmax_last_dim(&scores).map_err(ce(what))?;
-        let heads_out = probs.matmul(values).map_err(ce(what))?;
-        let (h, t, dh) = heads_out.dims3().map_err(ce(what))?;
-        let merged = heads_out.transpose(0, 1).and_then(|o| o.contiguous()).and_then(|o| o.reshape((t, h * dh))).map_err(ce(what))?;
+        let q = exec.linear(&self.q, x)?;
+        let (rows, d) = q.dims2().map_err(ce(what))?;
+        let merged = attention_core(&to_vec(&q, what)?, &kv.keys, &kv.values, d, self.heads, causal_start);
+        let merged = Tensor::from_vec(merged, (rows, d), &Device::Cpu).map_err(ce(what))?;
         exec.linear(&self.out, &merged)
     }
 
-    fn keys_values(&self, exec: &mut dyn LinearExec, source: &Tensor) -> Result<(Tensor, Tensor)> {
-        let k = split_heads(&exec.linear(&self.k, source)?, self.heads, &self.k.name)?;
-        let v = split_heads(&exec.linear(&self.v, source)?, self.heads, &self.v.name)?;
-        Ok((k, v))
+    fn keys_values(&self, exec: &mut dyn LinearExec, source: &Tensor) -> Result<KeysValues> {
+        Ok(KeysValues { keys: to_vec(&exec.linear(&self.k, source)?, &self.k.name)?, values: to_vec(&exec.linear(&self.v, source)?, &self.v.name)? })
     }
 }
 
@@ -225,12 +273,12 @@ fn im2col3(x: &Tensor, stride: usize, what: &str) -> Result<Tensor> {
     Tensor::cat(&taps, 1).map_err(ce(what))
 }
 
-/// What one decoder step returns.
+/// The decoder's caches for one utterance.
 pub struct DecoderState {
-    /// Per layer: self-attention keys and values so far (`[heads, S, dh]`).
-    self_kv: Vec<Option<(Tensor, Tensor)>>,
+    /// Per layer: self-attention keys and values so far.
+    self_kv: Vec<KeysValues>,
     /// Per layer: cross-attention keys and values over the encoder output.
-    cross_kv: Vec<(Tensor, Tensor)>,
+    cross_kv: Vec<KeysValues>,
     /// Tokens consumed so far.
     pub position: usize,
 }
@@ -307,8 +355,8 @@ impl Whisper {
         let mut x = x.broadcast_add(&self.encoder_positions.i(..len).map_err(ce(what))?).map_err(ce(what))?;
         for layer in &self.encoder_layers {
             let h = layer.attn_norm.forward(&x)?;
-            let (k, v) = layer.attn.keys_values(exec, &h)?;
-            x = (x + layer.attn.attend(exec, &h, &k, &v, None)?).map_err(ce(what))?;
+            let kv = layer.attn.keys_values(exec, &h)?;
+            x = (x + layer.attn.attend(exec, &h, &kv, None)?).map_err(ce(what))?;
             x = (&x + layer.ffn.forward(exec, &x)?).map_err(ce(what))?;
         }
         self.encoder_norm.forward(&x)
@@ -317,7 +365,7 @@ impl Whisper {
     /// A fresh decoder state over an encoder output (computes the cross-attention keys/values).
     pub fn start_decoder(&self, exec: &mut dyn LinearExec, audio: &Tensor) -> Result<DecoderState> {
         let cross_kv = self.decoder_layers.iter().map(|l| l.cross_attn.keys_values(exec, audio)).collect::<Result<_>>()?;
-        Ok(DecoderState { self_kv: vec![None; self.decoder_layers.len()], cross_kv, position: 0 })
+        Ok(DecoderState { self_kv: vec![KeysValues::default(); self.decoder_layers.len()], cross_kv, position: 0 })
     }
 
     /// Runs `tokens` through the decoder after what `state` holds; returns the logits of every
@@ -331,25 +379,18 @@ impl Whisper {
         }
         let ids = Tensor::new(tokens, &Device::Cpu).map_err(ce(what))?;
         let mut x = self.embed_tokens.index_select(&ids, 0).and_then(|e| e + self.decoder_positions.i(start..start + n)?).map_err(ce(what))?;
-        // Causal mask over [new tokens, all tokens so far].
-        let total = start + n;
-        let mask: Vec<f32> = (0..n).flat_map(|i| (0..total).map(move |j| if j > start + i { f32::NEG_INFINITY } else { 0.0 })).collect();
-        let mask = Tensor::from_vec(mask, (n, total), &Device::Cpu).map_err(ce(what))?;
         for (i, layer) in self.decoder_layers.iter().enumerate() {
             let h = layer.self_norm.forward(&x)?;
-            let (k_new, v_new) = layer.self_attn.keys_values(exec, &h)?;
-            let (k, v) = match state.self_kv[i].take() {
-                Some((k, v)) => (Tensor::cat(&[&k, &k_new], 1).map_err(ce(what))?, Tensor::cat(&[&v, &v_new], 1).map_err(ce(what))?),
-                None => (k_new, v_new),
-            };
-            x = (x + layer.self_attn.attend(exec, &h, &k, &v, Some(&mask))?).map_err(ce(what))?;
-            state.self_kv[i] = Some((k, v));
+            let new = layer.self_attn.keys_values(exec, &h)?;
+            let cache = &mut state.self_kv[i];
+            cache.keys.extend_from_slice(&new.keys);
+            cache.values.extend_from_slice(&new.values);
+            x = (x + layer.self_attn.attend(exec, &h, cache, Some(start))?).map_err(ce(what))?;
             let h = layer.cross_norm.forward(&x)?;
-            let (ck, cv) = &state.cross_kv[i];
-            x = (x + layer.cross_attn.attend(exec, &h, ck, cv, None)?).map_err(ce(what))?;
+            x = (x + layer.cross_attn.attend(exec, &h, &state.cross_kv[i], None)?).map_err(ce(what))?;
             x = (&x + layer.ffn.forward(exec, &x)?).map_err(ce(what))?;
         }
-        state.position = total;
+        state.position = start + n;
         let x = self.decoder_norm.forward(&x)?;
         x.matmul(&self.embed_tokens.t().map_err(ce(what))?).map_err(ce(what))
     }

@@ -1,0 +1,177 @@
+//! SmoothQuant: migrate activation outliers into the weights. For GEMMs sharing an input X,
+//! s_j = max|X_j|^α / max|W_j|^(1−α) (max over every consumer's column j), and 1/s goes where the
+//! architecture declares: a LayerNorm's affine, the V projection's rows, or a runtime smoother.
+
+use std::collections::{BTreeMap, HashSet};
+
+use super::WorkingTensors;
+use crate::calibration::AbsMaxObserver;
+use crate::error::{Error, Result};
+use crate::format::SmoothFold;
+use crate::models::QuantizationLayout;
+
+/// The largest finite f16.
+const F16_MAX: f32 = 65504.0;
+
+/// The default migration strength.
+pub const DEFAULT_ALPHA: f32 = 0.5;
+
+/// One smoothed group: the factors and where they went.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SmoothedGroup {
+    pub fold: SmoothFold,
+    /// The module that absorbed 1/s (a norm or a V projection); `None` for a runtime smoother.
+    pub smoothed_into: Option<String>,
+    pub consumers: Vec<String>,
+    /// s_j per input channel.
+    pub factors: Vec<f32>,
+    /// The calibrated max |X_j| per input channel.
+    pub input_absmax: Vec<f32>,
+}
+
+/// The smoothing factors of one group, clamped to `[lower_j, upper_j]`. A channel calibration
+/// never saw active (or an all-zero weight column) keeps s = 1.
+pub fn factors(x_max: &[f32], w_max: &[f32], alpha: f32, lower: &[f32]) -> Vec<f32> {
+    x_max
+        .iter()
+        .zip(w_max)
+        .zip(lower)
+        .map(|((&x, &w), &lo)| {
+            if !(x > 0.0 && w > 0.0) {
+                return 1.0;
+            }
+            let s = x.powf(alpha) / w.powf(1.0 - alpha);
+            // Keep W·s inside f16, then keep the folded parameter (divided by s) inside f16.
+            let s = s.min(F16_MAX / w).max(lo).max(1.0 / F16_MAX).min(F16_MAX);
+            if s.is_finite() && s > 0.0 {
+                s
+            } else {
+                1.0
+            }
+        })
+        .collect()
+}
+
+/// Computes the factors of every group whose consumers are all quantized.
+pub fn plan(layout: &QuantizationLayout, quantized: &HashSet<String>, observed: &AbsMaxObserver, tensors: &WorkingTensors, alpha: f32) -> Result<Vec<SmoothedGroup>> {
+    if !(alpha > 0.0 && alpha < 1.0) {
+        return Err(Error::option("smoothquant.alpha", format!("{alpha} is outside (0, 1)")));
+    }
+    let mut groups = Vec::new();
+    for group in &layout.smooth_groups {
+        if !group.consumers.iter().all(|c| quantized.contains(c)) {
+            continue;
+        }
+        let first = &group.consumers[0];
+        let x_max = observed.absmax.get(first).ok_or_else(|| Error::LayerRefused {
+            layer: first.clone(),
+            reason: "its input was never observed during calibration".into(),
+        })?;
+        let k = x_max.len();
+        let mut w_max = vec![0f32; k];
+        for consumer in &group.consumers {
+            let name = format!("{consumer}.weight");
+            let w = tensors.get(&name)?;
+            if w.len() % k != 0 {
+                return Err(Error::tensor(&name, &name, format!("{} values do not form rows of the {k} observed input channels", w.len())));
+            }
+            for row in w.chunks_exact(k) {
+                for (m, v) in w_max.iter_mut().zip(row) {
+                    *m = m.max(v.abs());
+                }
+            }
+        }
+        // What 1/s divides must stay inside f16 too.
+        let mut lower = vec![0f32; k];
+        match (group.fold, &group.producer) {
+            (SmoothFold::NormAffine, Some(norm)) => {
+                for key in ["weight", "bias"] {
+                    for (lo, v) in lower.iter_mut().zip(tensors.get(&format!("{norm}.{key}"))?.iter()) {
+                        *lo = lo.max(v.abs() / F16_MAX);
+                    }
+                }
+            }
+            (SmoothFold::VToO, Some(v_proj)) => {
+                if let Ok(bias) = tensors.get(&format!("{v_proj}.bias")) {
+                    for (lo, v) in lower.iter_mut().zip(bias.iter()) {
+                        *lo = lo.max(v.abs() / F16_MAX);
+                    }
+                }
+            }
+            (SmoothFold::Runtime, None) => {}
+            (fold, producer) => {
+                return Err(Error::LayerRefused { layer: first.clone(), reason: format!("the layout's fold {fold:?} with producer {producer:?} is not supported by smoothquant") });
+            }
+        }
+        groups.push(SmoothedGroup {
+            fold: group.fold,
+            smoothed_into: group.producer.clone(),
+            consumers: group.consumers.clone(),
+            factors: factors(x_max, &w_max, alpha, &lower),
+            input_absmax: x_max.clone(),
+        });
+    }
+    Ok(groups)
+}
+
+/// Folds the factors into the tensors: consumers' columns times s; 1/s into the norm, the V rows,
+/// or (runtime) returned as each consumer's `smooth_inv`.
+pub fn apply(groups: &[SmoothedGroup], tensors: &mut WorkingTensors) -> Result<BTreeMap<String, Vec<f32>>> {
+    let mut smooth_inv = BTreeMap::new();
+    for g in groups {
+        let s = &g.factors;
+        let k = s.len();
+        for consumer in &g.consumers {
+            let w = tensors.get_mut(&format!("{consumer}.weight"))?;
+            for row in w.chunks_exact_mut(k) {
+                for (v, f) in row.iter_mut().zip(s) {
+                    *v *= f;
+                }
+            }
+        }
+        let divide = |values: &mut Vec<f32>| values.iter_mut().zip(s).for_each(|(v, f)| *v /= f);
+        match (g.fold, &g.smoothed_into) {
+            (SmoothFold::NormAffine, Some(norm)) => {
+                divide(tensors.get_mut(&format!("{norm}.weight"))?);
+                divide(tensors.get_mut(&format!("{norm}.bias"))?);
+            }
+            (SmoothFold::VToO, Some(v_proj)) => {
+                let rows = tensors.get_mut(&format!("{v_proj}.weight"))?;
+                let cols = rows.len() / k;
+                for (row, f) in rows.chunks_exact_mut(cols).zip(s) {
+                    row.iter_mut().for_each(|v| *v /= f);
+                }
+                if tensors.contains(&format!("{v_proj}.bias")) {
+                    divide(tensors.get_mut(&format!("{v_proj}.bias"))?);
+                }
+            }
+            _ => {
+                let inv: Vec<f32> = s.iter().map(|f| 1.0 / f).collect();
+                for consumer in &g.consumers {
+                    smooth_inv.insert(consumer.clone(), inv.clone());
+                }
+            }
+        }
+    }
+    Ok(smooth_inv)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn factors_follow_the_formula_and_its_guards() {
+        let s = factors(&[4.0, 0.0, 9.0, 1.0], &[1.0, 2.0, 0.0, 0.25], 0.5, &[0.0; 4]);
+        assert_eq!(s[0], 2.0);
+        assert_eq!(s[1], 1.0, "never active");
+        assert_eq!(s[2], 1.0, "zero weight column");
+        assert_eq!(s[3], 2.0);
+        // α = 0.75: 16^0.75 / 1^0.25 = 8.
+        assert_eq!(factors(&[16.0], &[1.0], 0.75, &[0.0])[0], 8.0);
+        // W·s stays inside f16.
+        assert_eq!(factors(&[1e12], &[1.0], 0.5, &[0.0])[0], F16_MAX);
+        // The folded parameter stays inside f16: s >= |γ| / 65504.
+        assert_eq!(factors(&[1e-6], &[1.0], 0.5, &[0.5])[0], 0.5);
+    }
+}

@@ -1,0 +1,68 @@
+//! Observers on GEMM inputs. Each keeps mergeable statistics, so utterances can be calibrated in
+//! parallel and merged in any order with the same result.
+
+use std::collections::BTreeMap;
+
+use candle_core::Tensor;
+
+use crate::error::Result;
+use crate::models::whisper::forward::{ce, Linear, LinearExec};
+
+/// Something that records statistics of the inputs of named GEMMs.
+pub trait Observer: Send {
+    /// `x` is row-major `[rows, cols]`, the input of layer `layer`.
+    fn observe(&mut self, layer: &str, x: &[f32], cols: usize);
+    /// Folds another observer's statistics (of the same kind) into this one.
+    fn merge(&mut self, other: Self)
+    where
+        Self: Sized;
+}
+
+/// Per-channel max |x| of every observed layer input (what SmoothQuant needs).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct AbsMaxObserver {
+    pub absmax: BTreeMap<String, Vec<f32>>,
+    /// Rows (tokens) observed per layer.
+    pub rows: BTreeMap<String, usize>,
+}
+
+impl Observer for AbsMaxObserver {
+    fn observe(&mut self, layer: &str, x: &[f32], cols: usize) {
+        let m = self.absmax.entry(layer.to_string()).or_insert_with(|| vec![0.0; cols]);
+        for row in x.chunks_exact(cols) {
+            for (a, v) in m.iter_mut().zip(row) {
+                *a = a.max(v.abs());
+            }
+        }
+        *self.rows.entry(layer.to_string()).or_default() += x.len() / cols.max(1);
+    }
+
+    fn merge(&mut self, other: Self) {
+        for (layer, m) in other.absmax {
+            match self.absmax.get_mut(&layer) {
+                Some(mine) => mine.iter_mut().zip(&m).for_each(|(a, b)| *a = a.max(*b)),
+                None => {
+                    self.absmax.insert(layer, m);
+                }
+            }
+        }
+        for (layer, n) in other.rows {
+            *self.rows.entry(layer).or_default() += n;
+        }
+    }
+}
+
+/// Runs GEMMs through `inner` after showing their inputs to an observer.
+pub struct ObservingExec<'a, O: Observer, E: LinearExec> {
+    pub observer: &'a mut O,
+    pub inner: E,
+}
+
+impl<O: Observer, E: LinearExec> LinearExec for ObservingExec<'_, O, E> {
+    fn linear(&mut self, layer: &Linear, x: &Tensor) -> Result<Tensor> {
+        let (_, cols) = x.dims2().map_err(ce(&layer.name))?;
+        let values = x.flatten_all().and_then(|f| f.to_vec1::<f32>()).map_err(ce(&layer.name))?;
+        self.observer.observe(&layer.name, &values, cols);
+        self.inner.linear(layer, x)
+    }
+}

@@ -1,0 +1,176 @@
+//! The hot inner loops of the CPU GEMM, and their run-time dispatch to wider vector units.
+//!
+//! Every variant runs the same operations in the same order for each output element: integer
+//! sums are exact, and the f32 kernel does one IEEE multiply and one IEEE add per step (Rust
+//! never contracts them into FMA). So the variants differ in speed only, never in bits.
+
+/// Output columns per fp8 tile: `ROW_BLOCK * N_TILE` f32 accumulators stay in L1.
+pub(super) const N_TILE: usize = 256;
+
+/// Exact dot product of two int8 code rows.
+pub(super) type DotI8 = fn(&[u8], &[u8]) -> i32;
+
+/// A block of A rows against the transposed, decoded fp8 weight `wt` (`[K, N]`).
+pub(super) struct Fp8Panel<'a> {
+    pub lut: &'a [f32; 256],
+    /// `rows * k` codes of consecutive A rows.
+    pub a_rows: &'a [u8],
+    pub k: usize,
+    pub wt: &'a [f32],
+    pub n: usize,
+}
+
+/// `acc[r * N_TILE + jj] += decode(a[r, kk]) * wt[kk, j0 + jj]` for kk = 0, 1, ..., K - 1 in
+/// that order, for every row r of the panel and jj < nt.
+pub(super) type Fp8Tile = fn(&Fp8Panel, usize, usize, &mut [f32]);
+
+#[inline(always)]
+fn dot_i8_zip(a: &[u8], w: &[u8]) -> i32 {
+    a.iter()
+        .zip(w)
+        .map(|(&x, &y)| i32::from(x as i8) * i32::from(y as i8))
+        .sum()
+}
+
+/// 32 independent lanes: what the baseline (SSE2) target vectorises best.
+#[inline(always)]
+fn dot_i8_lanes(a: &[u8], w: &[u8]) -> i32 {
+    const L: usize = 32;
+    let mut lanes = [0i32; L];
+    let (ac, wc) = (a.chunks_exact(L), w.chunks_exact(L));
+    let tail = dot_i8_zip(ac.remainder(), wc.remainder());
+    for (x, y) in ac.zip(wc) {
+        for l in 0..L {
+            lanes[l] += i32::from(x[l] as i8) * i32::from(y[l] as i8);
+        }
+    }
+    lanes.iter().sum::<i32>() + tail
+}
+
+#[inline(always)]
+fn fp8_tile_body(p: &Fp8Panel, j0: usize, nt: usize, acc: &mut [f32]) {
+    if p.k == 0 {
+        return;
+    }
+    for kk in 0..p.k {
+        let w_seg = &p.wt[kk * p.n + j0..kk * p.n + j0 + nt];
+        for (a_row, acc_r) in p.a_rows.chunks_exact(p.k).zip(acc.chunks_exact_mut(N_TILE)) {
+            let av = p.lut[usize::from(a_row[kk])];
+            for (s, &wv) in acc_r[..nt].iter_mut().zip(w_seg) {
+                *s += av * wv;
+            }
+        }
+    }
+}
+
+fn dot_i8_portable(a: &[u8], w: &[u8]) -> i32 {
+    dot_i8_lanes(a, w)
+}
+
+fn fp8_tile_portable(p: &Fp8Panel, j0: usize, nt: usize, acc: &mut [f32]) {
+    fp8_tile_body(p, j0, nt, acc)
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use super::*;
+
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn dot_i8_avx2(a: &[u8], w: &[u8]) -> i32 {
+        dot_i8_zip(a, w)
+    }
+
+    #[target_feature(enable = "avx512bw")]
+    pub(super) unsafe fn dot_i8_avx512(a: &[u8], w: &[u8]) -> i32 {
+        dot_i8_zip(a, w)
+    }
+
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn fp8_tile_avx2(p: &Fp8Panel, j0: usize, nt: usize, acc: &mut [f32]) {
+        fp8_tile_body(p, j0, nt, acc)
+    }
+
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn fp8_tile_avx512(p: &Fp8Panel, j0: usize, nt: usize, acc: &mut [f32]) {
+        fp8_tile_body(p, j0, nt, acc)
+    }
+}
+
+/// The fastest int8 dot product this CPU runs.
+pub(super) fn dot_i8_kernel() -> DotI8 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if is_x86_feature_detected!("avx512bw") {
+            // SAFETY: the CPU was just checked to support AVX-512BW.
+            return |a, w| unsafe { x86::dot_i8_avx512(a, w) };
+        }
+        if is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU was just checked to support AVX2.
+            return |a, w| unsafe { x86::dot_i8_avx2(a, w) };
+        }
+    }
+    dot_i8_portable
+}
+
+/// The fastest fp8 tile kernel this CPU runs.
+pub(super) fn fp8_tile_kernel() -> Fp8Tile {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if is_x86_feature_detected!("avx512f") {
+            // SAFETY: the CPU was just checked to support AVX-512F.
+            return |p, j0, nt, acc| unsafe { x86::fp8_tile_avx512(p, j0, nt, acc) };
+        }
+        if is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU was just checked to support AVX2.
+            return |p, j0, nt, acc| unsafe { x86::fp8_tile_avx2(p, j0, nt, acc) };
+        }
+    }
+    fp8_tile_portable
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The dispatched kernels against the portable ones, on odd lengths and extreme codes.
+    #[test]
+    fn dispatched_kernels_match_portable() {
+        let code = |i: usize| (i.wrapping_mul(2_654_435_761) >> 9) as u8;
+        let dot = dot_i8_kernel();
+        for k in [0, 1, 31, 32, 33, 100, 1000] {
+            let a: Vec<u8> = (0..k).map(code).collect();
+            let w: Vec<u8> = (0..k).map(|i| code(i + 99)).collect();
+            let want: i64 = a
+                .iter()
+                .zip(&w)
+                .map(|(&x, &y)| i64::from(x as i8) * i64::from(y as i8))
+                .sum();
+            assert_eq!(i64::from(dot(&a, &w)), want, "k = {k}");
+            assert_eq!(i64::from(dot_i8_portable(&a, &w)), want, "k = {k}");
+            assert_eq!(dot_i8_zip(&a, &w), dot_i8_portable(&a, &w));
+        }
+        let ones = vec![0x80u8; 1000];
+        assert_eq!(dot(&ones, &ones), 1000 * 128 * 128);
+
+        let lut = super::super::e4m3::e4m3_decode_table();
+        let (rows, k, n) = (3, 37, 300);
+        let a: Vec<u8> = (0..rows * k).map(|i| code(i) & 0x77).collect();
+        let wt: Vec<f32> = (0..k * n)
+            .map(|i| lut[usize::from(code(i + 5) & 0xF6)])
+            .collect();
+        let p = Fp8Panel {
+            lut: &lut,
+            a_rows: &a,
+            k,
+            wt: &wt,
+            n,
+        };
+        let (mut got, mut want) = (vec![0f32; rows * N_TILE], vec![0f32; rows * N_TILE]);
+        fp8_tile_kernel()(&p, 40, 200, &mut got);
+        fp8_tile_portable(&p, 40, 200, &mut want);
+        assert!(got
+            .iter()
+            .zip(&want)
+            .all(|(x, y)| x.to_bits() == y.to_bits()));
+    }
+}
