@@ -8,6 +8,7 @@ use super::WorkingTensors;
 use crate::calibration::AbsMaxObserver;
 use crate::error::{Error, Result};
 use crate::format::SmoothFold;
+use crate::models::whisper::forward::{ce, Linear, LinearExec};
 use crate::models::QuantizationLayout;
 
 /// The largest finite f16.
@@ -42,7 +43,7 @@ pub fn factors(x_max: &[f32], w_max: &[f32], alpha: f32, lower: &[f32]) -> Vec<f
             }
             let s = x.powf(alpha) / w.powf(1.0 - alpha);
             // Keep W·s inside f16, then keep the folded parameter (divided by s) inside f16.
-            let s = s.min(F16_MAX / w).max(lo).max(1.0 / F16_MAX).min(F16_MAX);
+            let s = s.min(F16_MAX / w).max(lo).clamp(1.0 / F16_MAX, F16_MAX);
             if s.is_finite() && s > 0.0 {
                 s
             } else {
@@ -154,6 +155,24 @@ pub fn apply(groups: &[SmoothedGroup], tensors: &mut WorkingTensors) -> Result<B
         }
     }
     Ok(smooth_inv)
+}
+
+/// Runs a smoothed full-precision model: layers with a runtime smoother multiply their input by
+/// `smooth_inv` before the (W·s) GEMM, as the server does before quantizing.
+pub struct RuntimeSmoothedExec<'a> {
+    pub smooth_inv: &'a BTreeMap<String, Vec<f32>>,
+}
+
+impl LinearExec for RuntimeSmoothedExec<'_> {
+    fn linear(&mut self, layer: &Linear, x: &candle_core::Tensor) -> Result<candle_core::Tensor> {
+        match self.smooth_inv.get(&layer.name) {
+            Some(inv) => {
+                let inv = candle_core::Tensor::from_slice(inv, inv.len(), x.device()).map_err(ce(&layer.name))?;
+                layer.forward(&x.broadcast_mul(&inv).map_err(ce(&layer.name))?)
+            }
+            None => layer.forward(x),
+        }
+    }
 }
 
 #[cfg(test)]

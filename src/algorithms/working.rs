@@ -47,6 +47,11 @@ impl<'a> WorkingTensors<'a> {
         self.changed.get(name).map(Vec::as_slice)
     }
 
+    /// Every changed tensor with its new values.
+    pub fn changed_tensors(&self) -> impl Iterator<Item = (&str, &[f32])> {
+        self.changed.iter().map(|(n, v)| (n.as_str(), v.as_slice()))
+    }
+
     /// The shape of a source tensor.
     pub fn shape(&self, name: &str) -> Result<&[usize]> {
         self.source.tensors.get(name).map(|t| t.shape.as_slice()).ok_or_else(|| Error::tensor(&self.source.dir, name, "missing"))

@@ -45,7 +45,7 @@ impl SourceFormat {
 }
 
 /// A checkpoint imported into OASR names and config, whatever its source format.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct Checkpoint {
     pub dir: PathBuf,
     pub format: SourceFormat,

@@ -95,3 +95,30 @@ pub fn cli(args: &[&str]) -> (bool, String, String) {
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
 }
+
+/// The fetched calibration and gate manifests (disjoint).
+pub fn manifests() -> (PathBuf, PathBuf) {
+    let dir = cache_dir().join("asterisk");
+    let (calib, gate) = (dir.join("calib.jsonl"), dir.join("gate.jsonl"));
+    assert!(calib.is_file() && gate.is_file(), "manifests not found under {}: run `bash calib/fetch-assets.sh` first", dir.display());
+    (calib, gate)
+}
+
+/// The first `n` lines of a manifest, written beside it (so relative audio paths still resolve).
+pub fn manifest_head(manifest: &Path, n: usize, tmp: &Path) -> PathBuf {
+    let text = std::fs::read_to_string(manifest).unwrap();
+    let root = manifest.parent().unwrap();
+    let lines: Vec<String> = text
+        .lines()
+        .take(n)
+        .map(|l| {
+            let mut v: serde_json::Value = serde_json::from_str(l).unwrap();
+            let audio = root.join(v["audio"].as_str().unwrap());
+            v["audio"] = serde_json::Value::String(audio.to_string_lossy().into_owned());
+            v.to_string()
+        })
+        .collect();
+    let path = tmp.join(format!("head{n}.jsonl"));
+    std::fs::write(&path, lines.join("\n")).unwrap();
+    path
+}
