@@ -16,9 +16,9 @@ pub mod models;
 pub mod numerics;
 mod quantizer;
 pub mod recipe;
+pub mod report;
 #[cfg(feature = "cuda")]
 pub mod runtime;
-pub mod report;
 pub mod selection;
 pub mod transcribe;
 pub mod wer;

@@ -126,7 +126,13 @@ fn main() -> ExitCode {
                 .map(|table| print!("{table}"))
                 .map_err(Into::into)
         }
-        Some(Command::Transcribe { checkpoint, manifest, audio_root, json, limit }) => transcribe(checkpoint, manifest, audio_root, json, limit),
+        Some(Command::Transcribe {
+            checkpoint,
+            manifest,
+            audio_root,
+            json,
+            limit,
+        }) => transcribe(checkpoint, manifest, audio_root, json, limit),
         None => quantize(cli.quantize),
     };
     match result {
@@ -139,17 +145,28 @@ fn main() -> ExitCode {
 }
 
 fn progress_bar(hidden: bool) -> impl FnMut(&Progress) + Send + 'static {
-    let bar = if hidden { ProgressBar::hidden() } else { ProgressBar::new(0) };
+    let bar = if hidden {
+        ProgressBar::hidden()
+    } else {
+        ProgressBar::new(0)
+    };
     let mut stage = None;
     move |p: &Progress| {
         if stage != Some(p.stage) {
             stage = Some(p.stage);
             let (prefix, template) = match p.stage {
                 Stage::Hashing => ("hashing", "{prefix:>12} [{bar:30}] {pos}/{len} {wide_msg}"),
-                Stage::Calibrating => ("calibrating", "{prefix:>12} [{bar:30}] {pos}/{len} {per_sec} ETA {eta} {wide_msg}"),
+                Stage::Calibrating => (
+                    "calibrating",
+                    "{prefix:>12} [{bar:30}] {pos}/{len} {per_sec} ETA {eta} {wide_msg}",
+                ),
                 Stage::Writing => ("writing", "{prefix:>12} [{bar:30}] {pos}/{len} {wide_msg}"),
             };
-            bar.set_style(ProgressStyle::with_template(template).unwrap_or_else(|_| ProgressStyle::default_bar()).progress_chars("=> "));
+            bar.set_style(
+                ProgressStyle::with_template(template)
+                    .unwrap_or_else(|_| ProgressStyle::default_bar())
+                    .progress_chars("=> "),
+            );
             bar.set_prefix(prefix);
             bar.reset();
             bar.set_length(p.total);
@@ -179,7 +196,9 @@ fn quantize(args: QuantizeArgs) -> Result<()> {
         q = q.module_types(ModuleKind::parse_list(list)?);
     }
     if let Some(manifest) = args.calib_manifest {
-        q = q.calib_manifest(manifest).calib_utterances(args.calib_utterances);
+        q = q
+            .calib_manifest(manifest)
+            .calib_utterances(args.calib_utterances);
     }
     if let Some(root) = args.audio_root {
         q = q.audio_root(root);
@@ -292,32 +311,56 @@ fn inspect(path: PathBuf, json: bool) -> Result<()> {
 fn utterance_bar(total: usize) -> ProgressBar {
     let bar = ProgressBar::new(total as u64);
     bar.set_style(
-        ProgressStyle::with_template("{prefix:>12} [{bar:30}] {pos}/{len} {per_sec} ETA {eta} {wide_msg}")
-            .unwrap_or_else(|_| ProgressStyle::default_bar())
-            .progress_chars("=> "),
+        ProgressStyle::with_template(
+            "{prefix:>12} [{bar:30}] {pos}/{len} {per_sec} ETA {eta} {wide_msg}",
+        )
+        .unwrap_or_else(|_| ProgressStyle::default_bar())
+        .progress_chars("=> "),
     );
     bar
 }
 
-fn transcribe(checkpoint: PathBuf, manifest: PathBuf, audio_root: Option<PathBuf>, json: Option<PathBuf>, limit: Option<usize>) -> Result<()> {
+fn transcribe(
+    checkpoint: PathBuf,
+    manifest: PathBuf,
+    audio_root: Option<PathBuf>,
+    json: Option<PathBuf>,
+    limit: Option<usize>,
+) -> Result<()> {
     let manifest = oasr_quantize::calibration::Manifest::read(&manifest, audio_root.as_deref())?;
     let bar = utterance_bar(limit.unwrap_or(usize::MAX).min(manifest.utterances.len()));
     bar.set_prefix("transcribing");
-    let report = oasr_quantize::transcribe::transcribe_manifest(&checkpoint, &manifest, limit, |done, _, id| {
-        bar.set_position(done as u64);
-        bar.set_message(id.to_string());
-    })?;
+    let report = oasr_quantize::transcribe::transcribe_manifest(
+        &checkpoint,
+        &manifest,
+        limit,
+        |done, _, id| {
+            bar.set_position(done as u64);
+            bar.set_message(id.to_string());
+        },
+    )?;
     bar.finish_and_clear();
     for u in &report.utterances {
         match &u.reference {
-            Some(r) if u.word_errors.is_some_and(|e| e.errors > 0) => println!("{}\t{}\t(ref: {r})", u.id, u.hypothesis),
+            Some(r) if u.word_errors.is_some_and(|e| e.errors > 0) => {
+                println!("{}\t{}\t(ref: {r})", u.id, u.hypothesis)
+            }
             _ => println!("{}\t{}", u.id, u.hypothesis),
         }
     }
     if let Some(wer) = report.wer {
-        println!("WER {:.2}% ({} errors / {} words) over {} utterances", wer * 100.0, report.word_errors.errors, report.word_errors.words, report.utterances.len());
+        println!(
+            "WER {:.2}% ({} errors / {} words) over {} utterances",
+            wer * 100.0,
+            report.word_errors.errors,
+            report.word_errors.words,
+            report.utterances.len()
+        );
     }
-    println!("{:.2} utterances/s ({:.1} s)", report.utterances_per_second, report.seconds);
+    println!(
+        "{:.2} utterances/s ({:.1} s)",
+        report.utterances_per_second, report.seconds
+    );
     if let Some(path) = json {
         oasr_quantize::checkpoint::write_json(&path, &report)?;
     }

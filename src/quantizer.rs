@@ -166,13 +166,25 @@ impl Quantizer {
             recipe.module_types = kinds.clone();
         }
         if recipe.calibration && self.calib_manifest.is_none() {
-            return Err(Error::option("--calib-manifest", format!("recipe `{}` calibrates and needs a calibration manifest", recipe.name)));
+            return Err(Error::option(
+                "--calib-manifest",
+                format!(
+                    "recipe `{}` calibrates and needs a calibration manifest",
+                    recipe.name
+                ),
+            ));
         }
         for step in &recipe.algorithms {
             algorithms::check_implemented(&step.name, &recipe.name)?;
         }
         if self.calib_manifest.is_some() && !recipe.calibration {
-            return Err(Error::option("--calib-manifest", format!("recipe `{}` does not calibrate; drop the manifest", recipe.name)));
+            return Err(Error::option(
+                "--calib-manifest",
+                format!(
+                    "recipe `{}` does not calibrate; drop the manifest",
+                    recipe.name
+                ),
+            ));
         }
         let staged = StagedDir::create(&self.dst, self.overwrite, &[&self.src])?;
         let source = Checkpoint::open(&self.src)?;
@@ -181,7 +193,8 @@ impl Quantizer {
         }
         let layout = layout_of(&source)?;
         let dtype = recipe.scheme.dtype();
-        let selection = selection::select(&layout, &recipe.module_types, &self.ignore, dtype, false)?;
+        let selection =
+            selection::select(&layout, &recipe.module_types, &self.ignore, dtype, false)?;
         let source_files = hash_files(&source, &mut self.progress)?;
         let mut files_read = source.files_read.clone();
 
@@ -199,7 +212,9 @@ impl Quantizer {
             if let Some(step) = recipe.algorithms.iter().find(|a| a.name == "smoothquant") {
                 let alpha = match step.options.get("alpha") {
                     None => smoothquant::DEFAULT_ALPHA,
-                    Some(v) => v.as_f64().ok_or_else(|| Error::option("smoothquant.alpha", format!("{v} is not a number")))? as f32,
+                    Some(v) => v.as_f64().ok_or_else(|| {
+                        Error::option("smoothquant.alpha", format!("{v} is not a number"))
+                    })? as f32,
                 };
                 let quantized = selection.selected.iter().map(|l| l.name.clone()).collect();
                 let groups = smoothquant::plan(&layout, &quantized, &observed, &working, alpha)?;
@@ -211,22 +226,67 @@ impl Quantizer {
 
         let mut layers = BTreeMap::new();
         for layer in &selection.selected {
-            let (smooth, smoothed_into) = smoothing.of(&layer.name).map_or((SmoothFold::None, None), |g| (g.fold, g.smoothed_into.clone()));
-            layers.insert(layer.name.clone(), LayerSpec { scheme: recipe.scheme, kind: layer.kind, smooth, smoothed_into, input_quantized_by: None });
+            let (smooth, smoothed_into) = smoothing
+                .of(&layer.name)
+                .map_or((SmoothFold::None, None), |g| {
+                    (g.fold, g.smoothed_into.clone())
+                });
+            layers.insert(
+                layer.name.clone(),
+                LayerSpec {
+                    scheme: recipe.scheme,
+                    kind: layer.kind,
+                    smooth,
+                    smoothed_into,
+                    input_quantized_by: None,
+                },
+            );
         }
         let links = crate::links::arm(&layout, &mut layers);
 
-        let selected: HashMap<String, &QuantizableLayer> = selection.selected.iter().map(|l| (format!("{}.weight", l.name), l)).collect();
+        let selected: HashMap<String, &QuantizableLayer> = selection
+            .selected
+            .iter()
+            .map(|l| (format!("{}.weight", l.name), l))
+            .collect();
         let mut plan = BTreeMap::new();
         for (name, t) in &source.tensors {
-            plan.insert(name.clone(), TensorPlan { name: name.clone(), dtype: t.dtype, shape: t.shape.clone() });
+            plan.insert(
+                name.clone(),
+                TensorPlan {
+                    name: name.clone(),
+                    dtype: t.dtype,
+                    shape: t.shape.clone(),
+                },
+            );
             if let Some(layer) = selected.get(name) {
-                plan.insert(name.clone(), TensorPlan { name: name.clone(), dtype: code_dtype(dtype), shape: t.shape.clone() });
+                plan.insert(
+                    name.clone(),
+                    TensorPlan {
+                        name: name.clone(),
+                        dtype: code_dtype(dtype),
+                        shape: t.shape.clone(),
+                    },
+                );
                 let scale = format!("{}.weight_scale", layer.name);
-                plan.insert(scale.clone(), TensorPlan { name: scale, dtype: DType::F32, shape: vec![layer.out_features] });
+                plan.insert(
+                    scale.clone(),
+                    TensorPlan {
+                        name: scale,
+                        dtype: DType::F32,
+                        shape: vec![layer.out_features],
+                    },
+                );
                 if let Some(inv) = smoothing.smooth_inv.get(&layer.name) {
                     let key = format!("{}.smooth_inv", layer.name);
-                    plan.insert(key.clone(), TensorPlan { name: key, dtype: DType::F32, shape: vec![inv.len()] });
+                    plan.insert(
+                        key.clone(),
+                        TensorPlan {
+                            name: key,
+                            dtype: DType::F32,
+                            shape: vec![inv.len()],
+                        },
+                    );
                 }
             }
         }
@@ -236,55 +296,76 @@ impl Quantizer {
         let total = plan.len() as u64;
         let mut done = 0u64;
         let progress = &mut self.progress;
-        let fingerprint = checkpoint::write_weights(staged.path(), plan.into_values().collect(), |entry| {
-            done += 1;
-            if let Some(f) = progress.as_mut() {
-                f(&Progress { stage: Stage::Writing, done, total, item: &entry.name });
-            }
-            if let Some(layer) = selected.get(&entry.name) {
-                let n = layer.out_features;
-                let w = working.get(&entry.name)?;
-                let q = rtn::quantize_weight(&w, n, w.len() / n, dtype);
-                let group = smoothing.of(&layer.name);
-                let range = |v: &[f32]| (v.iter().copied().fold(f32::INFINITY, f32::min), v.iter().copied().fold(f32::NEG_INFINITY, f32::max));
-                reports.push(LayerReport {
-                    name: layer.name.clone(),
-                    scheme: recipe.scheme,
-                    kind: layer.kind,
-                    shape: entry.shape.clone(),
-                    weight_scale_min: range(&q.scales).0,
-                    weight_scale_max: range(&q.scales).1,
-                    relative_weight_error: q.relative_error,
-                    smooth: group.map_or(SmoothFold::None, |g| g.fold),
-                    smoothed_into: group.and_then(|g| g.smoothed_into.clone()),
-                    smoothing_factor_min: group.map(|g| range(&g.factors).0),
-                    smoothing_factor_max: group.map(|g| range(&g.factors).1),
-                    input_absmax_min: group.map(|g| range(&g.input_absmax).0),
-                    input_absmax_max: group.map(|g| range(&g.input_absmax).1),
-                });
-                scales.insert(layer.name.clone(), q.scales);
-                return Ok(Tensor::from_bytes(entry.dtype, entry.shape.clone(), q.codes));
-            }
-            if let Some(layer) = entry.name.strip_suffix(".weight_scale") {
-                if let Some(s) = scales.remove(layer) {
-                    return Ok(Tensor::from_f32(entry.shape.clone(), &s));
+        let fingerprint =
+            checkpoint::write_weights(staged.path(), plan.into_values().collect(), |entry| {
+                done += 1;
+                if let Some(f) = progress.as_mut() {
+                    f(&Progress {
+                        stage: Stage::Writing,
+                        done,
+                        total,
+                        item: &entry.name,
+                    });
                 }
-            }
-            if let Some(layer) = entry.name.strip_suffix(".smooth_inv") {
-                if let Some(inv) = smoothing.smooth_inv.get(layer) {
-                    return Ok(Tensor::from_f32(entry.shape.clone(), inv));
+                if let Some(layer) = selected.get(&entry.name) {
+                    let n = layer.out_features;
+                    let w = working.get(&entry.name)?;
+                    let q = rtn::quantize_weight(&w, n, w.len() / n, dtype);
+                    let group = smoothing.of(&layer.name);
+                    let range = |v: &[f32]| {
+                        (
+                            v.iter().copied().fold(f32::INFINITY, f32::min),
+                            v.iter().copied().fold(f32::NEG_INFINITY, f32::max),
+                        )
+                    };
+                    reports.push(LayerReport {
+                        name: layer.name.clone(),
+                        scheme: recipe.scheme,
+                        kind: layer.kind,
+                        shape: entry.shape.clone(),
+                        weight_scale_min: range(&q.scales).0,
+                        weight_scale_max: range(&q.scales).1,
+                        relative_weight_error: q.relative_error,
+                        smooth: group.map_or(SmoothFold::None, |g| g.fold),
+                        smoothed_into: group.and_then(|g| g.smoothed_into.clone()),
+                        smoothing_factor_min: group.map(|g| range(&g.factors).0),
+                        smoothing_factor_max: group.map(|g| range(&g.factors).1),
+                        input_absmax_min: group.map(|g| range(&g.input_absmax).0),
+                        input_absmax_max: group.map(|g| range(&g.input_absmax).1),
+                    });
+                    scales.insert(layer.name.clone(), q.scales);
+                    return Ok(Tensor::from_bytes(
+                        entry.dtype,
+                        entry.shape.clone(),
+                        q.codes,
+                    ));
                 }
-            }
-            let source_tensor = source.tensors.get(&entry.name).ok_or_else(|| Error::tensor(&self.src, &entry.name, "planned but not produced"))?;
-            Ok(match working.changed(&entry.name) {
-                // A folded parameter, stored back in the source's dtype.
-                Some(values) => Tensor::from_f32(entry.shape.clone(), values).to_float_dtype(source_tensor.dtype),
-                None => source_tensor.clone(),
-            })
-        })?;
+                if let Some(layer) = entry.name.strip_suffix(".weight_scale") {
+                    if let Some(s) = scales.remove(layer) {
+                        return Ok(Tensor::from_f32(entry.shape.clone(), &s));
+                    }
+                }
+                if let Some(layer) = entry.name.strip_suffix(".smooth_inv") {
+                    if let Some(inv) = smoothing.smooth_inv.get(layer) {
+                        return Ok(Tensor::from_f32(entry.shape.clone(), inv));
+                    }
+                }
+                let source_tensor = source.tensors.get(&entry.name).ok_or_else(|| {
+                    Error::tensor(&self.src, &entry.name, "planned but not produced")
+                })?;
+                Ok(match working.changed(&entry.name) {
+                    // A folded parameter, stored back in the source's dtype.
+                    Some(values) => Tensor::from_f32(entry.shape.clone(), values)
+                        .to_float_dtype(source_tensor.dtype),
+                    None => source_tensor.clone(),
+                })
+            })?;
 
         let spec = QuantizationSpec {
-            schemes: layers.values().map(|l| (l.scheme.name().to_string(), l.scheme.args())).collect(),
+            schemes: layers
+                .values()
+                .map(|l| (l.scheme.name().to_string(), l.scheme.args()))
+                .collect(),
             kv_cache: recipe.kv_cache.clone(),
             module_types: recipe.module_types.clone(),
             layers,
@@ -293,9 +374,19 @@ impl Quantizer {
                 name: env!("CARGO_PKG_NAME").into(),
                 version: env!("CARGO_PKG_VERSION").into(),
                 recipe: recipe.name.clone(),
-                algorithms: recipe.algorithms.iter().map(|a| AlgorithmRecord { name: a.name.clone(), options: a.options.clone() }).collect(),
+                algorithms: recipe
+                    .algorithms
+                    .iter()
+                    .map(|a| AlgorithmRecord {
+                        name: a.name.clone(),
+                        options: a.options.clone(),
+                    })
+                    .collect(),
                 calibration: calibration_record,
-                source: SourceRecord { format: source.format.name().into(), files: source_files },
+                source: SourceRecord {
+                    format: source.format.name().into(),
+                    files: source_files,
+                },
                 skipped: selection.skipped.clone(),
                 fingerprint,
             },
@@ -314,19 +405,32 @@ impl Quantizer {
         };
         checkpoint::write_json(&staged.path().join(REPORT_FILE), &report)?;
         let output = staged.commit()?;
-        Ok(Outcome { output, files_read, report: Some(report) })
+        Ok(Outcome {
+            output,
+            files_read,
+            report: Some(report),
+        })
     }
 
     /// Pass 1: per-channel input absmax of every GEMM over the calibration set, in fp32.
     fn calibrate(&mut self, t: &Transcriber, set: &CalibrationSet) -> Result<AbsMaxObserver> {
         let total = set.utterances.len() as u64;
-        let mut report = |done: usize, _: usize, id: &str| {
-            if let Some(f) = self.progress.as_mut() {
-                f(&Progress { stage: Stage::Calibrating, done: done as u64, total, item: id });
-            }
-        };
-        let sink: Mutex<&mut (dyn FnMut(usize, usize, &str) + Send)> = Mutex::new(&mut report);
-        calibration::observe(t, set, || FullPrecision, &sink)
+        let sink = Mutex::new(&mut self.progress);
+        calibration::observe(
+            t,
+            set,
+            || FullPrecision,
+            |done, _, id| {
+                if let Some(f) = sink.lock().ok().as_deref_mut().and_then(|p| p.as_mut()) {
+                    f(&Progress {
+                        stage: Stage::Calibrating,
+                        done: done as u64,
+                        total,
+                        item: id,
+                    });
+                }
+            },
+        )
     }
 }
 
@@ -347,7 +451,9 @@ struct Smoothing {
 impl Smoothing {
     /// The group that smoothed a layer's input, if any.
     fn of(&self, layer: &str) -> Option<&smoothquant::SmoothedGroup> {
-        self.groups.iter().find(|g| g.consumers.iter().any(|c| c == layer))
+        self.groups
+            .iter()
+            .find(|g| g.consumers.iter().any(|c| c == layer))
     }
 }
 

@@ -9,7 +9,9 @@ use crate::calibration::{Manifest, Utterance};
 use crate::checkpoint::Checkpoint;
 use crate::error::{Error, Result};
 use crate::frontend::{read_audio, WhisperFrontend};
-use crate::models::whisper::{greedy, Decoded, DecodingRules, FullPrecision, LinearExec, Whisper, WhisperTokenizer};
+use crate::models::whisper::{
+    greedy, Decoded, DecodingRules, FullPrecision, LinearExec, Whisper, WhisperTokenizer,
+};
 use crate::wer::{word_errors, WordErrors};
 
 /// A Whisper model with its tokenizer, decoding rules and frontend.
@@ -25,27 +27,51 @@ impl Transcriber {
     /// Builds a transcriber from a full-precision checkpoint (any supported format).
     pub fn new(ckpt: &Checkpoint) -> Result<Self> {
         if ckpt.config.architecture != crate::models::whisper::ARCHITECTURE {
-            return Err(Error::NotImplemented { what: format!("transcribing architecture `{}`", ckpt.config.architecture), detail: "this version runs Whisper".into() });
+            return Err(Error::NotImplemented {
+                what: format!("transcribing architecture `{}`", ckpt.config.architecture),
+                detail: "this version runs Whisper".into(),
+            });
         }
         if ckpt.is_quantized() {
             return Err(Error::UnknownFormat { path: ckpt.dir.clone(), message: "a quantized checkpoint runs only in `oasr-quantize verify`; transcribe takes full precision".into() });
         }
-        let tokenizer_path = ckpt.tokenizer_files.get("tokenizer").ok_or_else(|| Error::corrupt(&ckpt.dir, "no tokenizer.json"))?;
+        let tokenizer_path = ckpt
+            .tokenizer_files
+            .get("tokenizer")
+            .ok_or_else(|| Error::corrupt(&ckpt.dir, "no tokenizer.json"))?;
         let tokenizer = WhisperTokenizer::from_file(tokenizer_path)?;
         let model = Whisper::load(ckpt)?;
         let rules = DecodingRules::new(&model, &tokenizer)?;
         let frontend = WhisperFrontend::new(model.config.num_mel_bins)?;
-        let sample_rate = ckpt.config.features.as_ref().map_or(16_000, |f| f.sample_rate);
-        Ok(Transcriber { model, tokenizer, rules, frontend, sample_rate })
+        let sample_rate = ckpt
+            .config
+            .features
+            .as_ref()
+            .map_or(16_000, |f| f.sample_rate);
+        Ok(Transcriber {
+            model,
+            tokenizer,
+            rules,
+            frontend,
+            sample_rate,
+        })
     }
 
     /// Reads an utterance's audio; errors name the utterance.
     pub fn read(&self, utterance: &Utterance) -> Result<Vec<f32>> {
-        read_audio(&utterance.audio, self.sample_rate).map_err(|e| Error::Utterance { id: utterance.id.clone(), source: Box::new(e) })
+        read_audio(&utterance.audio, self.sample_rate).map_err(|e| Error::Utterance {
+            id: utterance.id.clone(),
+            source: Box::new(e),
+        })
     }
 
     /// Greedy transcription of 16 kHz samples, with the 30 s padded log-mel the model was trained on.
-    pub fn decode(&self, exec: &mut dyn LinearExec, samples: &[f32], keep_logits: bool) -> Result<Decoded> {
+    pub fn decode(
+        &self,
+        exec: &mut dyn LinearExec,
+        samples: &[f32],
+        keep_logits: bool,
+    ) -> Result<Decoded> {
         let mel = self.frontend.log_mel(samples);
         let audio = self.model.encode(exec, &mel.data, mel.n_mels, mel.frames)?;
         greedy(&self.model, exec, &audio, &self.rules, keep_logits)
@@ -89,18 +115,32 @@ pub fn transcribe_manifest(
     let ckpt = Checkpoint::open(checkpoint)?;
     let t = Transcriber::new(&ckpt)?;
     let started = std::time::Instant::now();
-    let chosen: Vec<&Utterance> = manifest.utterances.iter().take(limit.unwrap_or(usize::MAX)).collect();
+    let chosen: Vec<&Utterance> = manifest
+        .utterances
+        .iter()
+        .take(limit.unwrap_or(usize::MAX))
+        .collect();
     let mut results = Vec::with_capacity(chosen.len());
     let mut total = WordErrors::default();
     for (i, u) in chosen.iter().enumerate() {
         let samples = t.read(u)?;
-        let decoded = t.decode(&mut FullPrecision, &samples, false).map_err(|e| Error::Utterance { id: u.id.clone(), source: Box::new(e) })?;
+        let decoded =
+            t.decode(&mut FullPrecision, &samples, false)
+                .map_err(|e| Error::Utterance {
+                    id: u.id.clone(),
+                    source: Box::new(e),
+                })?;
         let hypothesis = t.text(&decoded.tokens)?;
         let errors = u.text.as_deref().map(|r| word_errors(r, &hypothesis));
         if let Some(e) = errors {
             total.add(e);
         }
-        results.push(UtteranceResult { id: u.id.clone(), hypothesis, reference: u.text.clone(), word_errors: errors });
+        results.push(UtteranceResult {
+            id: u.id.clone(),
+            hypothesis,
+            reference: u.text.clone(),
+            word_errors: errors,
+        });
         progress(i + 1, chosen.len(), &u.id);
     }
     let seconds = started.elapsed().as_secs_f64();

@@ -30,10 +30,30 @@ impl WordErrors {
 }
 
 const ONES: [&str; 20] = [
-    "zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven", "twelve", "thirteen",
-    "fourteen", "fifteen", "sixteen", "seventeen", "eighteen", "nineteen",
+    "zero",
+    "one",
+    "two",
+    "three",
+    "four",
+    "five",
+    "six",
+    "seven",
+    "eight",
+    "nine",
+    "ten",
+    "eleven",
+    "twelve",
+    "thirteen",
+    "fourteen",
+    "fifteen",
+    "sixteen",
+    "seventeen",
+    "eighteen",
+    "nineteen",
 ];
-const TENS: [&str; 10] = ["", "", "twenty", "thirty", "forty", "fifty", "sixty", "seventy", "eighty", "ninety"];
+const TENS: [&str; 10] = [
+    "", "", "twenty", "thirty", "forty", "fifty", "sixty", "seventy", "eighty", "ninety",
+];
 
 fn below_thousand(n: u64, out: &mut Vec<String>) {
     let (hundreds, rest) = (n / 100, n % 100);
@@ -83,7 +103,9 @@ pub fn normalize(text: &str) -> Vec<String> {
             continue;
         }
         match word.parse::<u64>() {
-            Ok(n) if n < 1_000_000_000 && word.chars().all(|c| c.is_ascii_digit()) => words.extend(number_words(n)),
+            Ok(n) if n < 1_000_000_000 && word.chars().all(|c| c.is_ascii_digit()) => {
+                words.extend(number_words(n))
+            }
             _ => words.push(word.to_string()),
         }
     }
@@ -104,7 +126,10 @@ pub fn word_errors(reference: &str, hypothesis: &str) -> WordErrors {
         }
         std::mem::swap(&mut prev, &mut cur);
     }
-    WordErrors { errors: prev[h.len()], words: r.len() }
+    WordErrors {
+        errors: prev[h.len()],
+        words: r.len(),
+    }
 }
 
 #[cfg(test)]
@@ -113,23 +138,70 @@ mod tests {
 
     #[test]
     fn normalisation_is_case_punctuation_and_number_blind() {
-        assert_eq!(normalize("Hello, World!  It's 20 past-two."), ["hello", "world", "it's", "twenty", "past", "two"]);
-        assert_eq!(normalize("'Quoted' 105 and 1,000"), ["quoted", "one", "hundred", "five", "and", "one", "thousand"]);
-        assert_eq!(normalize("0 7 13 40 99 2024"), "zero seven thirteen forty ninety nine two thousand twenty four".split(' ').collect::<Vec<_>>());
+        assert_eq!(
+            normalize("Hello, World!  It's 20 past-two."),
+            ["hello", "world", "it's", "twenty", "past", "two"]
+        );
+        assert_eq!(
+            normalize("'Quoted' 105 and 1,000"),
+            ["quoted", "one", "hundred", "five", "and", "one", "thousand"]
+        );
+        assert_eq!(
+            normalize("0 7 13 40 99 2024"),
+            "zero seven thirteen forty ninety nine two thousand twenty four"
+                .split(' ')
+                .collect::<Vec<_>>()
+        );
         assert_eq!(normalize("3000000"), ["three", "million"]);
     }
 
     #[test]
     fn word_errors_count_substitutions_deletions_and_insertions() {
-        assert_eq!(word_errors("the cat sat", "The cat sat."), WordErrors { errors: 0, words: 3 });
-        assert_eq!(word_errors("the cat sat", "the bat sat down"), WordErrors { errors: 2, words: 3 });
-        assert_eq!(word_errors("the cat sat", "cat"), WordErrors { errors: 2, words: 3 });
-        assert_eq!(word_errors("twenty one", "21"), WordErrors { errors: 0, words: 2 });
-        assert_eq!(word_errors("", "noise"), WordErrors { errors: 1, words: 0 });
+        assert_eq!(
+            word_errors("the cat sat", "The cat sat."),
+            WordErrors {
+                errors: 0,
+                words: 3
+            }
+        );
+        assert_eq!(
+            word_errors("the cat sat", "the bat sat down"),
+            WordErrors {
+                errors: 2,
+                words: 3
+            }
+        );
+        assert_eq!(
+            word_errors("the cat sat", "cat"),
+            WordErrors {
+                errors: 2,
+                words: 3
+            }
+        );
+        assert_eq!(
+            word_errors("twenty one", "21"),
+            WordErrors {
+                errors: 0,
+                words: 2
+            }
+        );
+        assert_eq!(
+            word_errors("", "noise"),
+            WordErrors {
+                errors: 1,
+                words: 0
+            }
+        );
         let mut total = WordErrors::default();
         total.add(word_errors("a b c d", "a b c d"));
         total.add(word_errors("a b c d", "a x c"));
-        assert_eq!(total, WordErrors { errors: 2, words: 8 });
+        assert_eq!(
+            total,
+            WordErrors {
+                errors: 2,
+                words: 8
+            }
+        );
         assert_eq!(total.rate(), 0.25);
     }
 }

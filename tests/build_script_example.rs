@@ -21,16 +21,25 @@ fn a_build_script_quantizes_at_build_time() {
         .status()
         .unwrap();
     assert!(status.success(), "building examples/build_script failed");
-    let output = Command::new(target.join("release/oasr-quantize-build-script-example")).output().unwrap();
+    let output = Command::new(target.join("release/oasr-quantize-build-script-example"))
+        .output()
+        .unwrap();
     let text = String::from_utf8_lossy(&output.stdout);
     assert!(output.status.success(), "{text}");
     assert!(text.starts_with("64 quantized layers in "), "{text}");
     let dir = text.trim().rsplit(" in ").next().unwrap();
     assert!(Path::new(dir).join("model.safetensors").is_file(), "{dir}");
     // The library alone, without the CLI's terminal dependencies.
-    let tree = Command::new(&cargo).args(["tree", "--edges", "normal,build", "--manifest-path"]).arg(&manifest).output().unwrap();
+    let tree = Command::new(&cargo)
+        .args(["tree", "--edges", "normal,build", "--manifest-path"])
+        .arg(&manifest)
+        .output()
+        .unwrap();
     let tree = String::from_utf8_lossy(&tree.stdout);
     for crate_name in ["clap", "indicatif", "anyhow", "cudarc"] {
-        assert!(!tree.contains(&format!(" {crate_name} v")), "{crate_name} in\n{tree}");
+        assert!(
+            !tree.contains(&format!(" {crate_name} v")),
+            "{crate_name} in\n{tree}"
+        );
     }
 }

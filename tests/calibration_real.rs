@@ -4,7 +4,6 @@
 mod common;
 
 use std::collections::{BTreeMap, HashSet};
-use std::sync::Mutex;
 
 use oasr_quantize::algorithms::{smoothquant, WorkingTensors};
 use oasr_quantize::calibration::{self, AbsMaxObserver, CalibrationSet, Manifest};
@@ -18,16 +17,20 @@ use oasr_quantize::{Error, Quantizer};
 fn tiny_en_transcribes_real_speech_sensibly() {
     let (_, gate) = common::manifests();
     let manifest = Manifest::read(&gate, None).unwrap();
-    let report = transcribe_manifest(&common::tiny_en(), &manifest, Some(12), |_, _, _| {}).unwrap();
+    let report =
+        transcribe_manifest(&common::tiny_en(), &manifest, Some(12), |_, _, _| {}).unwrap();
     assert_eq!(report.utterances.len(), 12);
     let wer = report.wer.unwrap();
-    assert!(wer < 0.15, "fp32 WER {wer} on the first 12 gate utterances; transcripts: {:#?}", report.utterances);
+    assert!(
+        wer < 0.15,
+        "fp32 WER {wer} on the first 12 gate utterances; transcripts: {:#?}",
+        report.utterances
+    );
     let first = &report.utterances[0];
-    assert_eq!((first.id.as_str(), first.hypothesis.as_str()), ("added", "Added."));
-}
-
-fn no_progress() -> Mutex<&'static mut (dyn FnMut(usize, usize, &str) + Send)> {
-    Mutex::new(Box::leak(Box::new(|_: usize, _: usize, _: &str| {})))
+    assert_eq!(
+        (first.id.as_str(), first.hypothesis.as_str()),
+        ("added", "Added.")
+    );
 }
 
 #[test]
@@ -36,22 +39,39 @@ fn the_smoothed_full_precision_model_computes_the_same_function() {
     let source = Checkpoint::open(&common::tiny_en()).unwrap();
     let t = Transcriber::new(&source).unwrap();
     let set = CalibrationSet::select(&Manifest::read(&calib, None).unwrap(), 6, 16000).unwrap();
-    let observed: AbsMaxObserver = calibration::observe(&t, &set, || FullPrecision, &no_progress()).unwrap();
+    let observed: AbsMaxObserver =
+        calibration::observe(&t, &set, || FullPrecision, |_, _, _| {}).unwrap();
     let layout = oasr_quantize::layout_of(&source).unwrap();
     // Every GEMM input was observed: 64 layers (the convolutions too).
     assert_eq!(observed.absmax.len(), 66);
-    let quantized: HashSet<String> = layout.layers.iter().filter(|l| !l.name.contains("conv")).map(|l| l.name.clone()).collect();
+    let quantized: HashSet<String> = layout
+        .layers
+        .iter()
+        .filter(|l| !l.name.contains("conv"))
+        .map(|l| l.name.clone())
+        .collect();
     let mut working = WorkingTensors::new(&source);
     let groups = smoothquant::plan(&layout, &quantized, &observed, &working, 0.5).unwrap();
     assert_eq!(groups.len(), 4 * 4 + 4 * 7);
-    assert!(groups.iter().any(|g| g.factors.iter().any(|s| (s - 1.0).abs() > 0.5)), "smoothing should move real outliers");
+    assert!(
+        groups
+            .iter()
+            .any(|g| g.factors.iter().any(|s| (s - 1.0).abs() > 0.5)),
+        "smoothing should move real outliers"
+    );
     let smooth_inv: BTreeMap<String, Vec<f32>> = smoothquant::apply(&groups, &mut working).unwrap();
-    assert_eq!(smooth_inv.len(), 4 + 4 * 3, "fc2 everywhere plus the decoder's cross k/v");
+    assert_eq!(
+        smooth_inv.len(),
+        4 + 4 * 3,
+        "fc2 everywhere plus the decoder's cross k/v"
+    );
 
     let mut smoothed = source.clone();
     for (name, values) in working.changed_tensors() {
         let shape = source.tensors[name].shape.clone();
-        smoothed.tensors.insert(name.to_string(), Tensor::from_f32(shape, values));
+        smoothed
+            .tensors
+            .insert(name.to_string(), Tensor::from_f32(shape, values));
     }
     let ts = Transcriber::new(&smoothed).unwrap();
     let manifest = Manifest::read(&gate, None).unwrap();
@@ -59,25 +79,57 @@ fn the_smoothed_full_precision_model_computes_the_same_function() {
     for u in manifest.utterances.iter().step_by(40).take(5) {
         let samples = t.read(u).unwrap();
         let a = t.decode(&mut FullPrecision, &samples, false).unwrap();
-        let mut exec = smoothquant::RuntimeSmoothedExec { smooth_inv: &smooth_inv };
+        let mut exec = smoothquant::RuntimeSmoothedExec {
+            smooth_inv: &smooth_inv,
+        };
         let b = ts.decode(&mut exec, &samples, false).unwrap();
-        assert_eq!(a.tokens, b.tokens, "{}: {:?} vs {:?}", u.id, t.text(&a.tokens), t.text(&b.tokens));
+        assert_eq!(
+            a.tokens,
+            b.tokens,
+            "{}: {:?} vs {:?}",
+            u.id,
+            t.text(&a.tokens),
+            t.text(&b.tokens)
+        );
         // Logits on the same tokens (teacher-forced) agree to float rounding.
         let mel = t.frontend.log_mel(&samples);
-        let ea = t.model.encode(&mut FullPrecision, &mel.data, mel.n_mels, mel.frames).unwrap();
-        let eb = ts.model.encode(&mut exec, &mel.data, mel.n_mels, mel.frames).unwrap();
+        let ea = t
+            .model
+            .encode(&mut FullPrecision, &mel.data, mel.n_mels, mel.frames)
+            .unwrap();
+        let eb = ts
+            .model
+            .encode(&mut exec, &mel.data, mel.n_mels, mel.frames)
+            .unwrap();
         let la = teacher_forced(&t.model, &mut FullPrecision, &ea, &t.rules, &a.tokens).unwrap();
-        let lb = teacher_forced(&ts.model, &mut exec as &mut dyn LinearExec, &eb, &ts.rules, &a.tokens).unwrap();
+        let lb = teacher_forced(
+            &ts.model,
+            &mut exec as &mut dyn LinearExec,
+            &eb,
+            &ts.rules,
+            &a.tokens,
+        )
+        .unwrap();
         for (ra, rb) in la.iter().zip(&lb) {
-            let diff = ra.iter().zip(rb).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
-            let dot: f64 = ra.iter().zip(rb).map(|(x, y)| f64::from(*x) * f64::from(*y)).sum();
+            let diff = ra
+                .iter()
+                .zip(rb)
+                .map(|(x, y)| (x - y).abs())
+                .fold(0f32, f32::max);
+            let dot: f64 = ra
+                .iter()
+                .zip(rb)
+                .map(|(x, y)| f64::from(*x) * f64::from(*y))
+                .sum();
             let na: f64 = ra.iter().map(|x| f64::from(*x).powi(2)).sum::<f64>().sqrt();
             let nb: f64 = rb.iter().map(|x| f64::from(*x).powi(2)).sum::<f64>().sqrt();
             worst_diff = worst_diff.max(diff);
             worst_cos = worst_cos.min(dot / (na * nb));
         }
     }
-    eprintln!("smoothed vs original: max |logit difference| {worst_diff}, min logit cosine {worst_cos}");
+    eprintln!(
+        "smoothed vs original: max |logit difference| {worst_diff}, min logit cosine {worst_cos}"
+    );
     // The documented tolerance (docs/recipes.md): f32 reassociation only.
     assert!(worst_diff < 2e-2, "max |logit difference| {worst_diff}");
     assert!(worst_cos > 0.999_999, "min logit cosine {worst_cos}");
@@ -88,22 +140,67 @@ fn smoothquant_recipes_write_folds_smoothers_and_provenance() {
     let tmp = tempfile::tempdir().unwrap();
     let (calib, _) = common::manifests();
     let dst = tmp.path().join("sq");
-    let outcome = Quantizer::new(common::tiny_en(), &dst).recipe("smoothquant_w8a8").calib_manifest(&calib).calib_utterances(4).option("smoothquant.alpha=0.6").run().unwrap();
+    let outcome = Quantizer::new(common::tiny_en(), &dst)
+        .recipe("smoothquant_w8a8")
+        .calib_manifest(&calib)
+        .calib_utterances(4)
+        .option("smoothquant.alpha=0.6")
+        .run()
+        .unwrap();
     let out = Checkpoint::open(&dst).unwrap();
     let spec = out.config.quantization.as_ref().unwrap();
     assert_eq!(spec.layers.len(), 64);
     let layer = |n: &str| &spec.layers[n];
-    assert_eq!(layer("encoder.layers.1.self_attn.k_proj").smooth, SmoothFold::NormAffine);
-    assert_eq!(layer("encoder.layers.1.self_attn.k_proj").smoothed_into.as_deref(), Some("encoder.layers.1.self_attn_layer_norm"));
-    assert_eq!(layer("encoder.layers.1.self_attn.out_proj").smooth, SmoothFold::VToO);
-    assert_eq!(layer("encoder.layers.1.self_attn.out_proj").smoothed_into.as_deref(), Some("encoder.layers.1.self_attn.v_proj"));
-    assert_eq!(layer("decoder.layers.2.encoder_attn.q_proj").smooth, SmoothFold::NormAffine);
-    for runtime in ["encoder.layers.0.fc2", "decoder.layers.3.encoder_attn.k_proj", "decoder.layers.3.encoder_attn.v_proj"] {
-        assert_eq!((layer(runtime).smooth, layer(runtime).smoothed_into.clone()), (SmoothFold::Runtime, None), "{runtime}");
+    assert_eq!(
+        layer("encoder.layers.1.self_attn.k_proj").smooth,
+        SmoothFold::NormAffine
+    );
+    assert_eq!(
+        layer("encoder.layers.1.self_attn.k_proj")
+            .smoothed_into
+            .as_deref(),
+        Some("encoder.layers.1.self_attn_layer_norm")
+    );
+    assert_eq!(
+        layer("encoder.layers.1.self_attn.out_proj").smooth,
+        SmoothFold::VToO
+    );
+    assert_eq!(
+        layer("encoder.layers.1.self_attn.out_proj")
+            .smoothed_into
+            .as_deref(),
+        Some("encoder.layers.1.self_attn.v_proj")
+    );
+    assert_eq!(
+        layer("decoder.layers.2.encoder_attn.q_proj").smooth,
+        SmoothFold::NormAffine
+    );
+    for runtime in [
+        "encoder.layers.0.fc2",
+        "decoder.layers.3.encoder_attn.k_proj",
+        "decoder.layers.3.encoder_attn.v_proj",
+    ] {
+        assert_eq!(
+            (layer(runtime).smooth, layer(runtime).smoothed_into.clone()),
+            (SmoothFold::Runtime, None),
+            "{runtime}"
+        );
         let inv = &out.tensors[&format!("{runtime}.smooth_inv")];
-        assert_eq!((inv.dtype, inv.shape.clone()), (DType::F32, vec![out.tensors[&format!("{runtime}.weight")].shape[1]]));
+        assert_eq!(
+            (inv.dtype, inv.shape.clone()),
+            (
+                DType::F32,
+                vec![out.tensors[&format!("{runtime}.weight")].shape[1]]
+            )
+        );
     }
-    assert_eq!(out.tensors.keys().filter(|k| k.ends_with(".smooth_inv")).count(), 4 + 4 * 3);
+    assert_eq!(
+        out.tensors
+            .keys()
+            .filter(|k| k.ends_with(".smooth_inv"))
+            .count(),
+        4 + 4 * 3
+    );
     assert_eq!(spec.links.fused_norms.len(), 20);
     // Folded norms are stored in the source dtype and differ from the source.
     let src = Checkpoint::open(&common::tiny_en()).unwrap();
@@ -111,47 +208,104 @@ fn smoothquant_recipes_write_folds_smoothers_and_provenance() {
     assert_eq!(out.tensors[norm].dtype, DType::F16);
     assert_ne!(out.tensors[norm].bytes(), src.tensors[norm].bytes());
     let c = spec.producer.calibration.as_ref().unwrap();
-    assert_eq!((c.utterances_used, c.sample_rate, c.dtype.as_str()), (4, 16000, "float32"));
-    assert_eq!(c.manifest_sha256, oasr_quantize::sha256_file(&calib).unwrap());
+    assert_eq!(
+        (c.utterances_used, c.sample_rate, c.dtype.as_str()),
+        (4, 16000, "float32")
+    );
+    assert_eq!(
+        c.manifest_sha256,
+        oasr_quantize::sha256_file(&calib).unwrap()
+    );
     assert!(c.utterances_total > 200 && c.selection.contains("evenly strided"));
-    assert_eq!(spec.producer.algorithms[0].options["alpha"], serde_json::json!(0.6));
+    assert_eq!(
+        spec.producer.algorithms[0].options["alpha"],
+        serde_json::json!(0.6)
+    );
     let report = outcome.report.unwrap();
-    let fc2 = report.layers.iter().find(|l| l.name == "encoder.layers.0.fc2").unwrap();
+    let fc2 = report
+        .layers
+        .iter()
+        .find(|l| l.name == "encoder.layers.0.fc2")
+        .unwrap();
     assert_eq!(fc2.smooth, SmoothFold::Runtime);
     assert!(fc2.smoothing_factor_min.unwrap() > 0.0 && fc2.input_absmax_max.unwrap() > 0.0);
     // Files read include the manifest and the 4 calibration clips.
     assert!(outcome.files_read.iter().any(|f| f == &calib));
-    assert_eq!(outcome.files_read.iter().filter(|f| f.extension().is_some_and(|e| e == "wav")).count(), 4);
+    assert_eq!(
+        outcome
+            .files_read
+            .iter()
+            .filter(|f| f.extension().is_some_and(|e| e == "wav"))
+            .count(),
+        4
+    );
 
     // fp8, and determinism across runs.
     let a = tmp.path().join("fp8-a");
     let b = tmp.path().join("fp8-b");
     for dst in [&a, &b] {
-        Quantizer::new(common::tiny_en(), dst).recipe("smoothquant_fp8_w8a8").calib_manifest(&calib).calib_utterances(3).run().unwrap();
+        Quantizer::new(common::tiny_en(), dst)
+            .recipe("smoothquant_fp8_w8a8")
+            .calib_manifest(&calib)
+            .calib_utterances(3)
+            .run()
+            .unwrap();
     }
     assert_eq!(common::tree_hashes(&a), common::tree_hashes(&b));
-    assert_eq!(Checkpoint::open(&a).unwrap().tensors["decoder.layers.0.fc1.weight"].dtype, DType::F8E4m3);
+    assert_eq!(
+        Checkpoint::open(&a).unwrap().tensors["decoder.layers.0.fc1.weight"].dtype,
+        DType::F8E4m3
+    );
 }
 
 #[test]
 fn calibration_inputs_are_checked() {
     let tmp = tempfile::tempdir().unwrap();
-    let e = Quantizer::new(common::tiny_en(), tmp.path().join("x")).recipe("smoothquant_w8a8").run().unwrap_err();
+    let e = Quantizer::new(common::tiny_en(), tmp.path().join("x"))
+        .recipe("smoothquant_w8a8")
+        .run()
+        .unwrap_err();
     assert!(e.to_string().contains("--calib-manifest"), "{e}");
-    let e = Quantizer::new(common::tiny_en(), tmp.path().join("x")).calib_manifest(tmp.path().join("m.jsonl")).run().unwrap_err();
+    let e = Quantizer::new(common::tiny_en(), tmp.path().join("x"))
+        .calib_manifest(tmp.path().join("m.jsonl"))
+        .run()
+        .unwrap_err();
     assert!(e.to_string().contains("does not calibrate"), "{e}");
-    let e = Quantizer::new(common::tiny_en(), tmp.path().join("x")).recipe("smoothquant_w8a8_fused").calib_manifest(tmp.path().join("m.jsonl")).run().unwrap_err();
-    assert!(matches!(e, Error::NotImplemented { .. }) && e.to_string().contains("static_inputs"), "{e}");
+    let e = Quantizer::new(common::tiny_en(), tmp.path().join("x"))
+        .recipe("smoothquant_w8a8_fused")
+        .calib_manifest(tmp.path().join("m.jsonl"))
+        .run()
+        .unwrap_err();
+    assert!(
+        matches!(e, Error::NotImplemented { .. }) && e.to_string().contains("static_inputs"),
+        "{e}"
+    );
     // An 8 kHz clip is refused by name, not resampled.
     let clip8k = tmp.path().join("clip8k.wav");
-    let spec = hound::WavSpec { channels: 1, sample_rate: 8000, bits_per_sample: 16, sample_format: hound::SampleFormat::Int };
+    let spec = hound::WavSpec {
+        channels: 1,
+        sample_rate: 8000,
+        bits_per_sample: 16,
+        sample_format: hound::SampleFormat::Int,
+    };
     let mut w = hound::WavWriter::create(&clip8k, spec).unwrap();
     (0..8000).for_each(|i| w.write_sample(((i % 50) * 100) as i16).unwrap());
     w.finalize().unwrap();
     let manifest = tmp.path().join("m.jsonl");
-    std::fs::write(&manifest, "# a comment\n\n{\"id\": \"slow\", \"audio\": \"clip8k.wav\"}\n").unwrap();
-    let e = Quantizer::new(common::tiny_en(), tmp.path().join("x")).recipe("smoothquant_w8a8").calib_manifest(&manifest).run().unwrap_err();
+    std::fs::write(
+        &manifest,
+        "# a comment\n\n{\"id\": \"slow\", \"audio\": \"clip8k.wav\"}\n",
+    )
+    .unwrap();
+    let e = Quantizer::new(common::tiny_en(), tmp.path().join("x"))
+        .recipe("smoothquant_w8a8")
+        .calib_manifest(&manifest)
+        .run()
+        .unwrap_err();
     let text = e.to_string();
-    assert!(text.contains("utterance `slow`") && text.contains("8000 Hz") && text.contains("16000 Hz"), "{text}");
+    assert!(
+        text.contains("utterance `slow`") && text.contains("8000 Hz") && text.contains("16000 Hz"),
+        "{text}"
+    );
     assert!(!tmp.path().join("x").exists());
 }

@@ -9,7 +9,13 @@ fn quantize_inspect_and_recipes() {
     let tmp = tempfile::tempdir().unwrap();
     let src = common::tiny_en();
     let dst = tmp.path().join("q");
-    let (ok, out, err) = cli(&[src.to_str().unwrap(), dst.to_str().unwrap(), "--recipe", "int8_w8a8_rtn", "--json"]);
+    let (ok, out, err) = cli(&[
+        src.to_str().unwrap(),
+        dst.to_str().unwrap(),
+        "--recipe",
+        "int8_w8a8_rtn",
+        "--json",
+    ]);
     assert!(ok, "{err}");
     let summary: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(summary["quantized_layers"], 64);
@@ -19,13 +25,22 @@ fn quantize_inspect_and_recipes() {
     let s: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(s["format_version"], 2);
     assert_eq!(s["layers_by_kind_and_scheme"]["linear / int8_w8a8"], 64);
-    assert_eq!(s["skipped"]["encoder.conv1"], "module type conv1d not selected");
+    assert_eq!(
+        s["skipped"]["encoder.conv1"],
+        "module type conv1d not selected"
+    );
     assert_eq!(s["producer"]["recipe"], "int8_w8a8_rtn");
 
     let (ok, out, _) = cli(&["inspect", dst.to_str().unwrap()]);
-    assert!(ok && out.contains("64  linear / int8_w8a8") && out.contains("fingerprint"), "{out}");
+    assert!(
+        ok && out.contains("64  linear / int8_w8a8") && out.contains("fingerprint"),
+        "{out}"
+    );
     let (ok, out, _) = cli(&["inspect", src.to_str().unwrap()]);
-    assert!(ok && out.contains("ctranslate2_whisper") && out.contains("full precision"), "{out}");
+    assert!(
+        ok && out.contains("ctranslate2_whisper") && out.contains("full precision"),
+        "{out}"
+    );
 
     let (ok, out, _) = cli(&["recipes"]);
     assert!(ok);
@@ -35,7 +50,12 @@ fn quantize_inspect_and_recipes() {
     // A user recipe file works like a built-in one.
     let recipe = tmp.path().join("mine.toml");
     std::fs::write(&recipe, "name = 'mine'\nsummary = 'fp8 linear only'\nscheme = 'fp8_w8a8'\nmodule_types = ['linear']\n[[algorithms]]\nname = 'rtn'\n").unwrap();
-    let (ok, _, err) = cli(&[src.to_str().unwrap(), tmp.path().join("mine").to_str().unwrap(), "--recipe", recipe.to_str().unwrap()]);
+    let (ok, _, err) = cli(&[
+        src.to_str().unwrap(),
+        tmp.path().join("mine").to_str().unwrap(),
+        "--recipe",
+        recipe.to_str().unwrap(),
+    ]);
     assert!(ok, "{err}");
 }
 

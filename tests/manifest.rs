@@ -24,15 +24,26 @@ fn blank_and_comment_lines_are_skipped_and_paths_resolve_against_the_root() {
     assert_eq!(m.sha256, oasr_quantize::sha256_file(&path).unwrap());
     // Another audio root.
     let other = tempfile::tempdir().unwrap();
-    let e = Manifest::read(&path, Some(other.path())).unwrap_err().to_string();
-    assert!(e.contains("line 3") && e.contains("`b`") && e.contains("does not exist"), "{e}");
+    let e = Manifest::read(&path, Some(other.path()))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("line 3") && e.contains("`b`") && e.contains("does not exist"),
+        "{e}"
+    );
 }
 
 #[test]
 fn errors_name_the_line() {
     for (text, expect) in [
-        ("{\"id\": \"a\", \"audio\": \"a.wav\"}\nnot json\n", "line 2"),
-        ("{\"id\": \"a\", \"audio\": \"a.wav\"}\n{\"id\": \"a\", \"audio\": \"a.wav\"}\n", "duplicate id `a`"),
+        (
+            "{\"id\": \"a\", \"audio\": \"a.wav\"}\nnot json\n",
+            "line 2",
+        ),
+        (
+            "{\"id\": \"a\", \"audio\": \"a.wav\"}\n{\"id\": \"a\", \"audio\": \"a.wav\"}\n",
+            "duplicate id `a`",
+        ),
         ("{\"audio\": \"a.wav\"}\n", "line 1"),
         ("{\"id\": \"\", \"audio\": \"a.wav\"}\n", "empty id"),
     ] {
@@ -46,18 +57,39 @@ fn errors_name_the_line() {
 fn selection_sorts_by_id_and_strides_evenly() {
     let ids: Vec<String> = (0..10).rev().map(|i| format!("u{i}")).collect();
     let files: Vec<String> = ids.iter().map(|i| format!("{i}.wav")).collect();
-    let lines: String = ids.iter().map(|i| format!("{{\"id\": \"{i}\", \"audio\": \"{i}.wav\"}}\n")).collect();
-    let (_tmp, path) = setup(&lines, &files.iter().map(String::as_str).collect::<Vec<_>>());
+    let lines: String = ids
+        .iter()
+        .map(|i| format!("{{\"id\": \"{i}\", \"audio\": \"{i}.wav\"}}\n"))
+        .collect();
+    let (_tmp, path) = setup(
+        &lines,
+        &files.iter().map(String::as_str).collect::<Vec<_>>(),
+    );
     let m = Manifest::read(&path, None).unwrap();
     let set = CalibrationSet::select(&m, 4, 16000).unwrap();
     let chosen: Vec<&str> = set.utterances.iter().map(|u| u.id.as_str()).collect();
     assert_eq!(chosen, ["u0", "u2", "u5", "u7"]);
-    assert_eq!((set.record.utterances_total, set.record.utterances_used), (10, 4));
-    assert_eq!(CalibrationSet::select(&m, 100, 16000).unwrap().utterances.len(), 10);
+    assert_eq!(
+        (set.record.utterances_total, set.record.utterances_used),
+        (10, 4)
+    );
+    assert_eq!(
+        CalibrationSet::select(&m, 100, 16000)
+            .unwrap()
+            .utterances
+            .len(),
+        10
+    );
     assert!(CalibrationSet::select(&m, 0, 16000).is_err());
     // The audio hash covers the chosen files and changes when one changes.
     let before = set.record.audio_sha256.clone();
     std::fs::write(path.parent().unwrap().join("u2.wav"), b"RIFF2").unwrap();
-    assert_ne!(before, CalibrationSet::select(&m, 4, 16000).unwrap().record.audio_sha256);
+    assert_ne!(
+        before,
+        CalibrationSet::select(&m, 4, 16000)
+            .unwrap()
+            .record
+            .audio_sha256
+    );
     assert_eq!(before.len(), 64);
 }

@@ -9,19 +9,39 @@ use oasr_quantize::checkpoint::{ct2, safetensors_io, Checkpoint, NativeConfig};
 use proptest::prelude::*;
 
 fn f16_bytes(values: &[f32]) -> Vec<u8> {
-    values.iter().flat_map(|v| half::f16::from_f32(*v).to_le_bytes()).collect()
+    values
+        .iter()
+        .flat_map(|v| half::f16::from_f32(*v).to_le_bytes())
+        .collect()
 }
 
 /// A small but complete CTranslate2 file: a fused q;k;v, an attribute and the alias.
 fn small_ct2() -> Vec<u8> {
-    let qkv: Vec<f32> = (0..3 * 16 * 16).map(|i| (i % 7) as f32 * 0.25 - 0.5).collect();
+    let qkv: Vec<f32> = (0..3 * 16 * 16)
+        .map(|i| (i % 7) as f32 * 0.25 - 0.5)
+        .collect();
     common::ct2_bytes(
         "WhisperSpec",
         &[
-            ("decoder/embeddings/weight", vec![8, 16], 4, f16_bytes(&[0.5; 128])),
+            (
+                "decoder/embeddings/weight",
+                vec![8, 16],
+                4,
+                f16_bytes(&[0.5; 128]),
+            ),
             ("decoder/num_heads", vec![], 2, 2i16.to_le_bytes().to_vec()),
-            ("encoder/layer_0/self_attention/linear_0/weight", vec![48, 16], 4, f16_bytes(&qkv)),
-            ("encoder/layer_0/self_attention/linear_0/bias", vec![48], 0, [0f32; 48].iter().flat_map(|v| v.to_le_bytes()).collect()),
+            (
+                "encoder/layer_0/self_attention/linear_0/weight",
+                vec![48, 16],
+                4,
+                f16_bytes(&qkv),
+            ),
+            (
+                "encoder/layer_0/self_attention/linear_0/bias",
+                vec![48],
+                0,
+                [0f32; 48].iter().flat_map(|v| v.to_le_bytes()).collect(),
+            ),
         ],
         &[("decoder/projection/weight", "decoder/embeddings/weight")],
     )
@@ -30,8 +50,16 @@ fn small_ct2() -> Vec<u8> {
 fn small_safetensors() -> Vec<u8> {
     let data: Vec<u8> = (0..64u8).collect();
     let views = vec![
-        ("a.weight".to_string(), safetensors::tensor::TensorView::new(safetensors::Dtype::F16, vec![4, 8], &data).unwrap()),
-        ("b.bias".to_string(), safetensors::tensor::TensorView::new(safetensors::Dtype::I8, vec![16], &data[..16]).unwrap()),
+        (
+            "a.weight".to_string(),
+            safetensors::tensor::TensorView::new(safetensors::Dtype::F16, vec![4, 8], &data)
+                .unwrap(),
+        ),
+        (
+            "b.bias".to_string(),
+            safetensors::tensor::TensorView::new(safetensors::Dtype::I8, vec![16], &data[..16])
+                .unwrap(),
+        ),
     ];
     safetensors::serialize(views, &None).unwrap()
 }
@@ -47,8 +75,16 @@ fn the_small_files_are_valid() {
     let tmp = tempfile::tempdir().unwrap();
     let m = ct2::read(&write(tmp.path(), "model.bin", &small_ct2())).unwrap();
     assert_eq!(m.variables.len(), 4);
-    assert_eq!(m.aliases["decoder/projection/weight"], "decoder/embeddings/weight");
-    assert_eq!(safetensors_io::read(&write(tmp.path(), "m.safetensors", &small_safetensors())).unwrap().len(), 2);
+    assert_eq!(
+        m.aliases["decoder/projection/weight"],
+        "decoder/embeddings/weight"
+    );
+    assert_eq!(
+        safetensors_io::read(&write(tmp.path(), "m.safetensors", &small_safetensors()))
+            .unwrap()
+            .len(),
+        2
+    );
 }
 
 #[test]
@@ -71,7 +107,10 @@ fn every_truncation_of_a_safetensors_file_is_an_error() {
     let tmp = tempfile::tempdir().unwrap();
     let full = small_safetensors();
     for len in 0..full.len() {
-        assert!(safetensors_io::read(&write(tmp.path(), "m.safetensors", &full[..len])).is_err(), "length {len}");
+        assert!(
+            safetensors_io::read(&write(tmp.path(), "m.safetensors", &full[..len])).is_err(),
+            "length {len}"
+        );
     }
 }
 
@@ -131,7 +170,12 @@ proptest! {
 #[test]
 fn the_v2_fixture_is_valid() {
     let tmp = tempfile::tempdir().unwrap();
-    let config = NativeConfig::read(&write(tmp.path(), "oasr_config.json", include_bytes!("fixtures/oasr_config_v2.json"))).unwrap();
+    let config = NativeConfig::read(&write(
+        tmp.path(),
+        "oasr_config.json",
+        include_bytes!("fixtures/oasr_config_v2.json"),
+    ))
+    .unwrap();
     assert_eq!(config.format_version, 2);
     assert_eq!(config.quantization.unwrap().layers.len(), 2);
 }

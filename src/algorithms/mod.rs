@@ -79,7 +79,10 @@ pub fn check_implemented(name: &str, recipe: &str) -> Result<()> {
     match r.missing {
         None => Ok(()),
         Some(instead) => Err(Error::NotImplemented {
-            what: format!("algorithm `{name}` ({}), needed by recipe `{recipe}`", r.what),
+            what: format!(
+                "algorithm `{name}` ({}), needed by recipe `{recipe}`",
+                r.what
+            ),
             detail: instead.into(),
         }),
     }

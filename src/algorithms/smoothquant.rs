@@ -54,9 +54,18 @@ pub fn factors(x_max: &[f32], w_max: &[f32], alpha: f32, lower: &[f32]) -> Vec<f
 }
 
 /// Computes the factors of every group whose consumers are all quantized.
-pub fn plan(layout: &QuantizationLayout, quantized: &HashSet<String>, observed: &AbsMaxObserver, tensors: &WorkingTensors, alpha: f32) -> Result<Vec<SmoothedGroup>> {
+pub fn plan(
+    layout: &QuantizationLayout,
+    quantized: &HashSet<String>,
+    observed: &AbsMaxObserver,
+    tensors: &WorkingTensors,
+    alpha: f32,
+) -> Result<Vec<SmoothedGroup>> {
     if !(alpha > 0.0 && alpha < 1.0) {
-        return Err(Error::option("smoothquant.alpha", format!("{alpha} is outside (0, 1)")));
+        return Err(Error::option(
+            "smoothquant.alpha",
+            format!("{alpha} is outside (0, 1)"),
+        ));
     }
     let mut groups = Vec::new();
     for group in &layout.smooth_groups {
@@ -64,17 +73,27 @@ pub fn plan(layout: &QuantizationLayout, quantized: &HashSet<String>, observed: 
             continue;
         }
         let first = &group.consumers[0];
-        let x_max = observed.absmax.get(first).ok_or_else(|| Error::LayerRefused {
-            layer: first.clone(),
-            reason: "its input was never observed during calibration".into(),
-        })?;
+        let x_max = observed
+            .absmax
+            .get(first)
+            .ok_or_else(|| Error::LayerRefused {
+                layer: first.clone(),
+                reason: "its input was never observed during calibration".into(),
+            })?;
         let k = x_max.len();
         let mut w_max = vec![0f32; k];
         for consumer in &group.consumers {
             let name = format!("{consumer}.weight");
             let w = tensors.get(&name)?;
             if w.len() % k != 0 {
-                return Err(Error::tensor(&name, &name, format!("{} values do not form rows of the {k} observed input channels", w.len())));
+                return Err(Error::tensor(
+                    &name,
+                    &name,
+                    format!(
+                        "{} values do not form rows of the {k} observed input channels",
+                        w.len()
+                    ),
+                ));
             }
             for row in w.chunks_exact(k) {
                 for (m, v) in w_max.iter_mut().zip(row) {
@@ -87,7 +106,10 @@ pub fn plan(layout: &QuantizationLayout, quantized: &HashSet<String>, observed: 
         match (group.fold, &group.producer) {
             (SmoothFold::NormAffine, Some(norm)) => {
                 for key in ["weight", "bias"] {
-                    for (lo, v) in lower.iter_mut().zip(tensors.get(&format!("{norm}.{key}"))?.iter()) {
+                    for (lo, v) in lower
+                        .iter_mut()
+                        .zip(tensors.get(&format!("{norm}.{key}"))?.iter())
+                    {
                         *lo = lo.max(v.abs() / F16_MAX);
                     }
                 }
@@ -117,7 +139,10 @@ pub fn plan(layout: &QuantizationLayout, quantized: &HashSet<String>, observed: 
 
 /// Folds the factors into the tensors: consumers' columns times s; 1/s into the norm, the V rows,
 /// or (runtime) returned as each consumer's `smooth_inv`.
-pub fn apply(groups: &[SmoothedGroup], tensors: &mut WorkingTensors) -> Result<BTreeMap<String, Vec<f32>>> {
+pub fn apply(
+    groups: &[SmoothedGroup],
+    tensors: &mut WorkingTensors,
+) -> Result<BTreeMap<String, Vec<f32>>> {
     let mut smooth_inv = BTreeMap::new();
     for g in groups {
         let s = &g.factors;
@@ -167,7 +192,8 @@ impl LinearExec for RuntimeSmoothedExec<'_> {
     fn linear(&mut self, layer: &Linear, x: &candle_core::Tensor) -> Result<candle_core::Tensor> {
         match self.smooth_inv.get(&layer.name) {
             Some(inv) => {
-                let inv = candle_core::Tensor::from_slice(inv, inv.len(), x.device()).map_err(ce(&layer.name))?;
+                let inv = candle_core::Tensor::from_slice(inv, inv.len(), x.device())
+                    .map_err(ce(&layer.name))?;
                 layer.forward(&x.broadcast_mul(&inv).map_err(ce(&layer.name))?)
             }
             None => layer.forward(x),
@@ -181,7 +207,12 @@ mod tests {
 
     #[test]
     fn factors_follow_the_formula_and_its_guards() {
-        let s = factors(&[4.0, 0.0, 9.0, 1.0], &[1.0, 2.0, 0.0, 0.25], 0.5, &[0.0; 4]);
+        let s = factors(
+            &[4.0, 0.0, 9.0, 1.0],
+            &[1.0, 2.0, 0.0, 0.25],
+            0.5,
+            &[0.0; 4],
+        );
         assert_eq!(s[0], 2.0);
         assert_eq!(s[1], 1.0, "never active");
         assert_eq!(s[2], 1.0, "zero weight column");

@@ -14,13 +14,24 @@ pub struct WorkingTensors<'a> {
 
 impl<'a> WorkingTensors<'a> {
     pub fn new(source: &'a Checkpoint) -> Self {
-        WorkingTensors { source, changed: BTreeMap::new() }
+        WorkingTensors {
+            source,
+            changed: BTreeMap::new(),
+        }
     }
 
     fn source_f32(&self, name: &str) -> Result<Vec<f32>> {
-        let t = self.source.tensors.get(name).ok_or_else(|| Error::tensor(&self.source.dir, name, "missing"))?;
+        let t = self
+            .source
+            .tensors
+            .get(name)
+            .ok_or_else(|| Error::tensor(&self.source.dir, name, "missing"))?;
         if !t.dtype.is_float() {
-            return Err(Error::tensor(&self.source.dir, name, format!("expected a float tensor, found {}", t.dtype)));
+            return Err(Error::tensor(
+                &self.source.dir,
+                name,
+                format!("expected a float tensor, found {}", t.dtype),
+            ));
         }
         Ok(t.to_f32())
     }
@@ -54,7 +65,11 @@ impl<'a> WorkingTensors<'a> {
 
     /// The shape of a source tensor.
     pub fn shape(&self, name: &str) -> Result<&[usize]> {
-        self.source.tensors.get(name).map(|t| t.shape.as_slice()).ok_or_else(|| Error::tensor(&self.source.dir, name, "missing"))
+        self.source
+            .tensors
+            .get(name)
+            .map(|t| t.shape.as_slice())
+            .ok_or_else(|| Error::tensor(&self.source.dir, name, "missing"))
     }
 
     pub fn contains(&self, name: &str) -> bool {

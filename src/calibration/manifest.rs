@@ -41,7 +41,8 @@ impl Manifest {
     /// Reads and checks a manifest: every line parses, ids are unique, every audio file exists.
     pub fn read(path: &Path, audio_root: Option<&Path>) -> Result<Manifest> {
         let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
-        let text = String::from_utf8(bytes.clone()).map_err(|_| Error::corrupt(path, "the manifest is not UTF-8"))?;
+        let text = String::from_utf8(bytes.clone())
+            .map_err(|_| Error::corrupt(path, "the manifest is not UTF-8"))?;
         let root = match audio_root {
             Some(r) => r.to_path_buf(),
             None => path.parent().map(Path::to_path_buf).unwrap_or_default(),
@@ -55,7 +56,8 @@ impl Manifest {
                 continue;
             }
             let at = |message: String| Error::corrupt(path, format!("line {line}: {message}"));
-            let entry: Line = serde_json::from_str(trimmed).map_err(|e| at(format!("expected {{\"id\", \"audio\", \"text\"?}}: {e}")))?;
+            let entry: Line = serde_json::from_str(trimmed)
+                .map_err(|e| at(format!("expected {{\"id\", \"audio\", \"text\"?}}: {e}")))?;
             if entry.id.is_empty() {
                 return Err(at("empty id".into()));
             }
@@ -64,10 +66,25 @@ impl Manifest {
             }
             let audio = root.join(&entry.audio);
             if !audio.is_file() {
-                return Err(at(format!("utterance `{}`: audio file {} does not exist", entry.id, audio.display())));
+                return Err(at(format!(
+                    "utterance `{}`: audio file {} does not exist",
+                    entry.id,
+                    audio.display()
+                )));
             }
-            utterances.push(Utterance { id: entry.id, audio, text: entry.text, line });
+            utterances.push(Utterance {
+                id: entry.id,
+                audio,
+                text: entry.text,
+                line,
+            });
         }
-        Ok(Manifest { path: path.into(), utterances, sha256: crate::checkpoint::safetensors_io::hex(&<sha2::Sha256 as sha2::Digest>::digest(&bytes)) })
+        Ok(Manifest {
+            path: path.into(),
+            utterances,
+            sha256: crate::checkpoint::safetensors_io::hex(
+                &<sha2::Sha256 as sha2::Digest>::digest(&bytes),
+            ),
+        })
     }
 }

@@ -28,7 +28,10 @@ pub struct AbsMaxObserver {
 
 impl Observer for AbsMaxObserver {
     fn observe(&mut self, layer: &str, x: &[f32], cols: usize) {
-        let m = self.absmax.entry(layer.to_string()).or_insert_with(|| vec![0.0; cols]);
+        let m = self
+            .absmax
+            .entry(layer.to_string())
+            .or_insert_with(|| vec![0.0; cols]);
         for row in x.chunks_exact(cols) {
             for (a, v) in m.iter_mut().zip(row) {
                 *a = a.max(v.abs());
@@ -61,7 +64,10 @@ pub struct ObservingExec<'a, O: Observer, E: LinearExec> {
 impl<O: Observer, E: LinearExec> LinearExec for ObservingExec<'_, O, E> {
     fn linear(&mut self, layer: &Linear, x: &Tensor) -> Result<Tensor> {
         let (_, cols) = x.dims2().map_err(ce(&layer.name))?;
-        let values = x.flatten_all().and_then(|f| f.to_vec1::<f32>()).map_err(ce(&layer.name))?;
+        let values = x
+            .flatten_all()
+            .and_then(|f| f.to_vec1::<f32>())
+            .map_err(ce(&layer.name))?;
         self.observer.observe(&layer.name, &values, cols);
         self.inner.linear(layer, x)
     }

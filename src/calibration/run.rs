@@ -35,16 +35,22 @@ impl CalibrationSet {
         sorted.sort_by(|a, b| a.id.cmp(&b.id));
         let total = sorted.len();
         if total == 0 {
-            return Err(Error::corrupt(&manifest.path, "the calibration manifest has no utterances"));
+            return Err(Error::corrupt(
+                &manifest.path,
+                "the calibration manifest has no utterances",
+            ));
         }
         let used = count.min(total);
-        let utterances: Vec<Utterance> = (0..used).map(|i| sorted[i * total / used].clone()).collect();
+        let utterances: Vec<Utterance> = (0..used)
+            .map(|i| sorted[i * total / used].clone())
+            .collect();
         // sha256 over "<sha256 of the file>  <id>\n" lines, in selection order.
         let lines = utterances
             .par_iter()
             .map(|u| crate::sha256_file(&u.audio).map(|h| format!("{h}  {}\n", u.id)))
             .collect::<Result<Vec<_>>>()?;
-        let audio_sha256 = crate::checkpoint::safetensors_io::hex(&Sha256::digest(lines.concat().as_bytes()));
+        let audio_sha256 =
+            crate::checkpoint::safetensors_io::hex(&Sha256::digest(lines.concat().as_bytes()));
         Ok(CalibrationSet {
             record: CalibrationRecord {
                 manifest_sha256: manifest.sha256.clone(),
@@ -62,12 +68,13 @@ impl CalibrationSet {
 
 /// Runs every utterance of the set through the model, observing each GEMM input with a fresh
 /// observer per utterance and merging them. `exec` makes the GEMM executor (full precision, or a
-/// smoothed model for a second pass). `progress(done, total, id)` is called after each utterance.
+/// smoothed model for a second pass). `progress(done, total, id)` is called after each utterance,
+/// from whichever thread finished it.
 pub fn observe<O, E>(
     t: &Transcriber,
     set: &CalibrationSet,
     exec: impl Fn() -> E + Sync,
-    progress: &Mutex<&mut (dyn FnMut(usize, usize, &str) + Send)>,
+    progress: impl Fn(usize, usize, &str) + Sync,
 ) -> Result<O>
 where
     O: Observer + Default,
@@ -80,13 +87,21 @@ where
         .par_iter()
         .map(|u| {
             let mut observer = O::default();
-            observe_one(t, u, &mut ObservingExec { observer: &mut observer, inner: exec() })
-                .map_err(|e| Error::Utterance { id: u.id.clone(), source: Box::new(e) })?;
+            observe_one(
+                t,
+                u,
+                &mut ObservingExec {
+                    observer: &mut observer,
+                    inner: exec(),
+                },
+            )
+            .map_err(|e| Error::Utterance {
+                id: u.id.clone(),
+                source: Box::new(e),
+            })?;
             let mut n = done.lock().unwrap_or_else(|p| p.into_inner());
             *n += 1;
-            if let Ok(mut f) = progress.lock() {
-                f(*n, total, &u.id);
-            }
+            progress(*n, total, &u.id);
             Ok(observer)
         })
         .collect::<Result<Vec<O>>>()?;

@@ -183,12 +183,19 @@ fn open_native(dir: &Path) -> Result<Checkpoint> {
 }
 
 /// Checks the tensors of every quantized layer against the contract of docs/format.md.
-fn validate_quantized(path: &Path, spec: &crate::format::QuantizationSpec, tensors: &BTreeMap<String, Tensor>) -> Result<()> {
+fn validate_quantized(
+    path: &Path,
+    spec: &crate::format::QuantizationSpec,
+    tensors: &BTreeMap<String, Tensor>,
+) -> Result<()> {
     use crate::format::{QuantDtype, SmoothFold};
     for (layer, l) in &spec.layers {
         let get = |key: &str| {
             let name = format!("{layer}.{key}");
-            tensors.get(&name).map(|t| (name.clone(), t)).ok_or_else(|| Error::tensor(path, &name, "missing for a quantized layer"))
+            tensors
+                .get(&name)
+                .map(|t| (name.clone(), t))
+                .ok_or_else(|| Error::tensor(path, &name, "missing for a quantized layer"))
         };
         let (name, weight) = get("weight")?;
         let code = match l.scheme.dtype() {
@@ -196,7 +203,14 @@ fn validate_quantized(path: &Path, spec: &crate::format::QuantizationSpec, tenso
             QuantDtype::Float8E4m3fn => DType::F8E4m3,
         };
         if weight.dtype != code || weight.shape.len() < 2 {
-            return Err(Error::tensor(path, name, format!("expected a {code} weight of rank 2 or more, found {} {:?}", weight.dtype, weight.shape)));
+            return Err(Error::tensor(
+                path,
+                name,
+                format!(
+                    "expected a {code} weight of rank 2 or more, found {} {:?}",
+                    weight.dtype, weight.shape
+                ),
+            ));
         }
         let n = weight.shape[0];
         let k = weight.shape[weight.shape.len() - 1];
@@ -204,9 +218,17 @@ fn validate_quantized(path: &Path, spec: &crate::format::QuantizationSpec, tenso
             let name = format!("{layer}.{key}");
             match (tensors.get(&name), present) {
                 (Some(t), true) if t.dtype == DType::F32 && t.shape == shape => Ok(()),
-                (Some(t), true) => Err(Error::tensor(path, name, format!("expected F32 {shape:?}, found {} {:?}", t.dtype, t.shape))),
+                (Some(t), true) => Err(Error::tensor(
+                    path,
+                    name,
+                    format!("expected F32 {shape:?}, found {} {:?}", t.dtype, t.shape),
+                )),
                 (None, true) => Err(Error::tensor(path, name, "missing for a quantized layer")),
-                (Some(_), false) => Err(Error::tensor(path, name, "present but the spec does not call for it")),
+                (Some(_), false) => Err(Error::tensor(
+                    path,
+                    name,
+                    "present but the spec does not call for it",
+                )),
                 (None, false) => Ok(()),
             }
         };

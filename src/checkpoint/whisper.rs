@@ -435,7 +435,11 @@ fn map_ct2(path: &Path, name: &str, t: &Tensor, out: &mut BTreeMap<String, Tenso
     // Splits a fused [n * d, ...] tensor into n row blocks; a k bias slice must be zero and is dropped.
     let mut split = |targets: &[&str], kind: &str| -> Result<()> {
         let Some(&rows) = t.shape.first() else {
-            return Err(Error::tensor(path, name, "expected a tensor, found a scalar"));
+            return Err(Error::tensor(
+                path,
+                name,
+                "expected a tensor, found a scalar",
+            ));
         };
         if rows % targets.len() != 0 {
             return Err(Error::tensor(

@@ -100,7 +100,11 @@ pub fn cli(args: &[&str]) -> (bool, String, String) {
 pub fn manifests() -> (PathBuf, PathBuf) {
     let dir = cache_dir().join("asterisk");
     let (calib, gate) = (dir.join("calib.jsonl"), dir.join("gate.jsonl"));
-    assert!(calib.is_file() && gate.is_file(), "manifests not found under {}: run `bash calib/fetch-assets.sh` first", dir.display());
+    assert!(
+        calib.is_file() && gate.is_file(),
+        "manifests not found under {}: run `bash calib/fetch-assets.sh` first",
+        dir.display()
+    );
     (calib, gate)
 }
 

@@ -21,15 +21,30 @@ pub struct WhisperTokenizer {
 
 impl WhisperTokenizer {
     pub fn from_file(path: &Path) -> Result<Self> {
-        let inner = tokenizers::Tokenizer::from_file(path).map_err(|e| Error::corrupt(path, format!("cannot load the tokenizer: {e}")))?;
-        let id = |t: &str| inner.token_to_id(t).ok_or_else(|| Error::corrupt(path, format!("the tokenizer has no `{t}`")));
-        Ok(WhisperTokenizer { eot: id("<|endoftext|>")?, no_timestamps: id("<|notimestamps|>")?, inner })
+        let inner = tokenizers::Tokenizer::from_file(path)
+            .map_err(|e| Error::corrupt(path, format!("cannot load the tokenizer: {e}")))?;
+        let id = |t: &str| {
+            inner
+                .token_to_id(t)
+                .ok_or_else(|| Error::corrupt(path, format!("the tokenizer has no `{t}`")))
+        };
+        Ok(WhisperTokenizer {
+            eot: id("<|endoftext|>")?,
+            no_timestamps: id("<|notimestamps|>")?,
+            inner,
+        })
     }
 
     /// The text of the tokens, special tokens dropped.
     pub fn decode(&self, tokens: &[u32]) -> Result<String> {
         let text: Vec<u32> = tokens.iter().copied().filter(|t| *t < self.eot).collect();
-        self.inner.decode(&text, true).map(|s| s.trim().to_string()).map_err(|e| Error::Model { what: "detokenize".into(), message: e.to_string() })
+        self.inner
+            .decode(&text, true)
+            .map(|s| s.trim().to_string())
+            .map_err(|e| Error::Model {
+                what: "detokenize".into(),
+                message: e.to_string(),
+            })
     }
 }
 
@@ -57,7 +72,10 @@ impl DecodingRules {
                 detail: "a multilingual model needs its language token; this version transcribes English-only models".into(),
             })?;
             if position != prompt.len() {
-                return Err(Error::Model { what: "prompt".into(), message: format!("forced_decoder_ids leave position {} unset", prompt.len()) });
+                return Err(Error::Model {
+                    what: "prompt".into(),
+                    message: format!("forced_decoder_ids leave position {} unset", prompt.len()),
+                });
             }
             prompt.push(token);
         }
@@ -72,7 +90,9 @@ impl DecodingRules {
 
     fn allowed(&self, token: usize, first: bool) -> bool {
         let t = token as u32;
-        t < self.timestamp_begin && !self.suppress.contains(&t) && !(first && self.suppress_at_begin.contains(&t))
+        t < self.timestamp_begin
+            && !self.suppress.contains(&t)
+            && !(first && self.suppress_at_begin.contains(&t))
     }
 }
 
@@ -85,7 +105,13 @@ pub struct Decoded {
 }
 
 /// Greedy decoding over an encoder output: stops at end-of-text or [`MAX_NEW_TOKENS`].
-pub fn greedy(model: &Whisper, exec: &mut dyn LinearExec, audio: &Tensor, rules: &DecodingRules, keep_logits: bool) -> Result<Decoded> {
+pub fn greedy(
+    model: &Whisper,
+    exec: &mut dyn LinearExec,
+    audio: &Tensor,
+    rules: &DecodingRules,
+    keep_logits: bool,
+) -> Result<Decoded> {
     let mut state = model.start_decoder(exec, audio)?;
     let mut out = Decoded::default();
     let mut input = rules.prompt.clone();
@@ -107,7 +133,13 @@ pub fn greedy(model: &Whisper, exec: &mut dyn LinearExec, audio: &Tensor, rules:
 
 /// Scores a given token sequence: the logits the model gives at each step when fed the prompt
 /// and `tokens` (one row per token of `tokens`, plus the row that should predict end-of-text).
-pub fn teacher_forced(model: &Whisper, exec: &mut dyn LinearExec, audio: &Tensor, rules: &DecodingRules, tokens: &[u32]) -> Result<Vec<Vec<f32>>> {
+pub fn teacher_forced(
+    model: &Whisper,
+    exec: &mut dyn LinearExec,
+    audio: &Tensor,
+    rules: &DecodingRules,
+    tokens: &[u32],
+) -> Result<Vec<Vec<f32>>> {
     let mut state = model.start_decoder(exec, audio)?;
     let mut input = rules.prompt.clone();
     input.extend_from_slice(tokens);

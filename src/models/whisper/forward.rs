@@ -19,7 +19,10 @@ const LN_EPS: f32 = 1e-5;
 
 /// Maps a candle error into the crate's error, naming what was being computed.
 pub(crate) fn ce(what: &str) -> impl Fn(candle_core::Error) -> Error + '_ {
-    move |e| Error::Model { what: what.to_string(), message: e.to_string() }
+    move |e| Error::Model {
+        what: what.to_string(),
+        message: e.to_string(),
+    }
 }
 
 /// A GEMM layer: `y = x · Wᵀ + b`. Convolutions are stored here flattened to `[out, k · in]`,
@@ -35,7 +38,9 @@ pub struct Linear {
 impl Linear {
     /// The full-precision product.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let y = x.matmul(&self.weight.t().map_err(ce(&self.name))?).map_err(ce(&self.name))?;
+        let y = x
+            .matmul(&self.weight.t().map_err(ce(&self.name))?)
+            .map_err(ce(&self.name))?;
         match &self.bias {
             Some(b) => y.broadcast_add(b).map_err(ce(&self.name)),
             None => Ok(y),
@@ -88,14 +93,54 @@ struct Attention {
 /// Every element addressed by the shapes and strides must lie inside the pointed-to buffers, and
 /// `dst` must not overlap the operands.
 #[allow(clippy::too_many_arguments)]
-unsafe fn strided_gemm(m: usize, n: usize, k: usize, dst: *mut f32, dst_rs: usize, lhs: *const f32, lhs_rs: usize, lhs_cs: usize, rhs: *const f32, rhs_rs: usize, rhs_cs: usize, scale: f32) {
-    gemm::gemm(m, n, k, dst, 1, dst_rs as isize, false, lhs, lhs_cs as isize, lhs_rs as isize, rhs, rhs_cs as isize, rhs_rs as isize, 0.0, scale, false, false, false, gemm::Parallelism::None);
+unsafe fn strided_gemm(
+    m: usize,
+    n: usize,
+    k: usize,
+    dst: *mut f32,
+    dst_rs: usize,
+    lhs: *const f32,
+    lhs_rs: usize,
+    lhs_cs: usize,
+    rhs: *const f32,
+    rhs_rs: usize,
+    rhs_cs: usize,
+    scale: f32,
+) {
+    gemm::gemm(
+        m,
+        n,
+        k,
+        dst,
+        1,
+        dst_rs as isize,
+        false,
+        lhs,
+        lhs_cs as isize,
+        lhs_rs as isize,
+        rhs,
+        rhs_cs as isize,
+        rhs_rs as isize,
+        0.0,
+        scale,
+        false,
+        false,
+        false,
+        gemm::Parallelism::None,
+    );
 }
 
 /// Scaled dot-product attention of every head, straight from `[rows, heads · dh]` layouts:
 /// `q` is `[T, D]`, `k` and `v` are `[S, D]`; query `i` sees keys `0..=causal_start + i` when
 /// causal, all keys otherwise. Returns the heads merged, `[T, D]`. Heads run in parallel.
-fn attention_core(q: &[f32], k: &[f32], v: &[f32], d: usize, heads: usize, causal_start: Option<usize>) -> Vec<f32> {
+fn attention_core(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    d: usize,
+    heads: usize,
+    causal_start: Option<usize>,
+) -> Vec<f32> {
     use rayon::prelude::*;
     let (dh, t, s) = (d / heads, q.len() / d, k.len() / d);
     let scale = 1.0 / (dh as f32).sqrt();
@@ -105,7 +150,22 @@ fn attention_core(q: &[f32], k: &[f32], v: &[f32], d: usize, heads: usize, causa
             let mut scores = vec![0f32; t * s];
             // SAFETY: q_h is [t, dh] at offset h·dh with row stride d; k_hᵀ is [dh, s] with
             // element (c, j) at j·d + h·dh + c; scores is [t, s] row-major. All in bounds.
-            unsafe { strided_gemm(t, s, dh, scores.as_mut_ptr(), s, q.as_ptr().add(h * dh), d, 1, k.as_ptr().add(h * dh), 1, d, scale) };
+            unsafe {
+                strided_gemm(
+                    t,
+                    s,
+                    dh,
+                    scores.as_mut_ptr(),
+                    s,
+                    q.as_ptr().add(h * dh),
+                    d,
+                    1,
+                    k.as_ptr().add(h * dh),
+                    1,
+                    d,
+                    scale,
+                )
+            };
             for (i, row) in scores.chunks_exact_mut(s).enumerate() {
                 let visible = causal_start.map_or(s, |start| (start + i + 1).min(s));
                 let (seen, hidden) = row.split_at_mut(visible);
@@ -121,7 +181,22 @@ fn attention_core(q: &[f32], k: &[f32], v: &[f32], d: usize, heads: usize, causa
             let mut out = vec![0f32; t * dh];
             // SAFETY: scores is [t, s]; v_h is [s, dh] at offset h·dh with row stride d; out is
             // [t, dh] row-major. All in bounds.
-            unsafe { strided_gemm(t, dh, s, out.as_mut_ptr(), dh, scores.as_ptr(), s, 1, v.as_ptr().add(h * dh), d, 1, 1.0) };
+            unsafe {
+                strided_gemm(
+                    t,
+                    dh,
+                    s,
+                    out.as_mut_ptr(),
+                    dh,
+                    scores.as_ptr(),
+                    s,
+                    1,
+                    v.as_ptr().add(h * dh),
+                    d,
+                    1,
+                    1.0,
+                )
+            };
             out
         })
         .collect();
@@ -135,7 +210,9 @@ fn attention_core(q: &[f32], k: &[f32], v: &[f32], d: usize, heads: usize, causa
 }
 
 fn to_vec(x: &Tensor, what: &str) -> Result<Vec<f32>> {
-    x.flatten_all().and_then(|f| f.to_vec1::<f32>()).map_err(ce(what))
+    x.flatten_all()
+        .and_then(|f| f.to_vec1::<f32>())
+        .map_err(ce(what))
 }
 
 /// Keys and values of one attention, `[S, D]` row-major.
@@ -147,17 +224,33 @@ struct KeysValues {
 
 impl Attention {
     /// Attends queries from `x` over `kv`; returns the output projection's result.
-    fn attend(&self, exec: &mut dyn LinearExec, x: &Tensor, kv: &KeysValues, causal_start: Option<usize>) -> Result<Tensor> {
+    fn attend(
+        &self,
+        exec: &mut dyn LinearExec,
+        x: &Tensor,
+        kv: &KeysValues,
+        causal_start: Option<usize>,
+    ) -> Result<Tensor> {
         let what = &self.out.name;
         let q = exec.linear(&self.q, x)?;
         let (rows, d) = q.dims2().map_err(ce(what))?;
-        let merged = attention_core(&to_vec(&q, what)?, &kv.keys, &kv.values, d, self.heads, causal_start);
+        let merged = attention_core(
+            &to_vec(&q, what)?,
+            &kv.keys,
+            &kv.values,
+            d,
+            self.heads,
+            causal_start,
+        );
         let merged = Tensor::from_vec(merged, (rows, d), &Device::Cpu).map_err(ce(what))?;
         exec.linear(&self.out, &merged)
     }
 
     fn keys_values(&self, exec: &mut dyn LinearExec, source: &Tensor) -> Result<KeysValues> {
-        Ok(KeysValues { keys: to_vec(&exec.linear(&self.k, source)?, &self.k.name)?, values: to_vec(&exec.linear(&self.v, source)?, &self.v.name)? })
+        Ok(KeysValues {
+            keys: to_vec(&exec.linear(&self.k, source)?, &self.k.name)?,
+            values: to_vec(&exec.linear(&self.v, source)?, &self.v.name)?,
+        })
     }
 }
 
@@ -215,9 +308,17 @@ struct Loader<'a> {
 
 impl Loader<'_> {
     fn tensor(&self, name: &str) -> Result<Tensor> {
-        let t = self.ckpt.tensors.get(name).ok_or_else(|| Error::tensor(&self.ckpt.dir, name, "missing"))?;
+        let t = self
+            .ckpt
+            .tensors
+            .get(name)
+            .ok_or_else(|| Error::tensor(&self.ckpt.dir, name, "missing"))?;
         if !t.dtype.is_float() {
-            return Err(Error::tensor(&self.ckpt.dir, name, format!("expected a float tensor, found {}", t.dtype)));
+            return Err(Error::tensor(
+                &self.ckpt.dir,
+                name,
+                format!("expected a float tensor, found {}", t.dtype),
+            ));
         }
         Tensor::from_vec(t.to_f32(), t.shape.clone(), &self.device).map_err(ce(name))
     }
@@ -229,12 +330,24 @@ impl Loader<'_> {
             let (o, k, i) = weight.dims3().map_err(ce(name))?;
             weight = weight.reshape((o, k * i)).map_err(ce(name))?;
         }
-        let bias = if has_bias { Some(self.tensor(&format!("{name}.bias"))?) } else { None };
-        Ok(Linear { name: name.to_string(), weight, bias })
+        let bias = if has_bias {
+            Some(self.tensor(&format!("{name}.bias"))?)
+        } else {
+            None
+        };
+        Ok(Linear {
+            name: name.to_string(),
+            weight,
+            bias,
+        })
     }
 
     fn norm(&self, name: &str) -> Result<Norm> {
-        Ok(Norm { name: name.to_string(), weight: self.tensor(&format!("{name}.weight"))?, bias: self.tensor(&format!("{name}.bias"))? })
+        Ok(Norm {
+            name: name.to_string(),
+            weight: self.tensor(&format!("{name}.weight"))?,
+            bias: self.tensor(&format!("{name}.bias"))?,
+        })
     }
 
     fn attention(&self, prefix: &str, heads: usize) -> Result<Attention> {
@@ -288,7 +401,10 @@ impl Whisper {
     pub fn load(ckpt: &Checkpoint) -> Result<Whisper> {
         let config: WhisperConfig = serde_json::from_value(ckpt.config.model_config.clone())
             .map_err(|e| Error::corrupt(&ckpt.dir, format!("invalid Whisper model_config: {e}")))?;
-        let l = Loader { ckpt, device: Device::Cpu };
+        let l = Loader {
+            ckpt,
+            device: Device::Cpu,
+        };
         let encoder_layers = (0..config.encoder_layers)
             .map(|i| {
                 let p = format!("encoder.layers.{i}");
@@ -304,9 +420,11 @@ impl Whisper {
                 let p = format!("decoder.layers.{i}");
                 Ok(DecoderLayer {
                     self_norm: l.norm(&format!("{p}.self_attn_layer_norm"))?,
-                    self_attn: l.attention(&format!("{p}.self_attn"), config.decoder_attention_heads)?,
+                    self_attn: l
+                        .attention(&format!("{p}.self_attn"), config.decoder_attention_heads)?,
                     cross_norm: l.norm(&format!("{p}.encoder_attn_layer_norm"))?,
-                    cross_attn: l.attention(&format!("{p}.encoder_attn"), config.decoder_attention_heads)?,
+                    cross_attn: l
+                        .attention(&format!("{p}.encoder_attn"), config.decoder_attention_heads)?,
                     ffn: l.ffn(&p)?,
                 })
             })
@@ -329,30 +447,72 @@ impl Whisper {
     pub fn linears(&self) -> BTreeMap<&str, &Linear> {
         let mut out: Vec<&Linear> = vec![&self.conv1, &self.conv2];
         for l in &self.encoder_layers {
-            out.extend([&l.attn.q, &l.attn.k, &l.attn.v, &l.attn.out, &l.ffn.fc1, &l.ffn.fc2]);
+            out.extend([
+                &l.attn.q,
+                &l.attn.k,
+                &l.attn.v,
+                &l.attn.out,
+                &l.ffn.fc1,
+                &l.ffn.fc2,
+            ]);
         }
         for l in &self.decoder_layers {
-            out.extend([&l.self_attn.q, &l.self_attn.k, &l.self_attn.v, &l.self_attn.out]);
-            out.extend([&l.cross_attn.q, &l.cross_attn.k, &l.cross_attn.v, &l.cross_attn.out, &l.ffn.fc1, &l.ffn.fc2]);
+            out.extend([
+                &l.self_attn.q,
+                &l.self_attn.k,
+                &l.self_attn.v,
+                &l.self_attn.out,
+            ]);
+            out.extend([
+                &l.cross_attn.q,
+                &l.cross_attn.k,
+                &l.cross_attn.v,
+                &l.cross_attn.out,
+                &l.ffn.fc1,
+                &l.ffn.fc2,
+            ]);
         }
         out.into_iter().map(|l| (l.name.as_str(), l)).collect()
     }
 
     /// The encoder over a log-mel `[n_mels, frames]` (row-major, as the frontend returns it);
     /// any number of frames up to twice the position table. Returns `[frames / 2, d_model]`.
-    pub fn encode(&self, exec: &mut dyn LinearExec, mel: &[f32], n_mels: usize, frames: usize) -> Result<Tensor> {
+    pub fn encode(
+        &self,
+        exec: &mut dyn LinearExec,
+        mel: &[f32],
+        n_mels: usize,
+        frames: usize,
+    ) -> Result<Tensor> {
         let what = "encoder";
         if n_mels != self.config.num_mel_bins || mel.len() != n_mels * frames || frames == 0 {
             return Err(Error::Model { what: what.into(), message: format!("expected a [{}, frames] log-mel, got {} values for {n_mels} bands x {frames} frames", self.config.num_mel_bins, mel.len()) });
         }
-        let x = Tensor::from_slice(mel, (n_mels, frames), &Device::Cpu).and_then(|t| t.t()).and_then(|t| t.contiguous()).map_err(ce(what))?;
-        let x = exec.linear(&self.conv1, &im2col3(&x, 1, what)?)?.gelu_erf().map_err(ce(what))?;
-        let x = exec.linear(&self.conv2, &im2col3(&x, 2, what)?)?.gelu_erf().map_err(ce(what))?;
+        let x = Tensor::from_slice(mel, (n_mels, frames), &Device::Cpu)
+            .and_then(|t| t.t())
+            .and_then(|t| t.contiguous())
+            .map_err(ce(what))?;
+        let x = exec
+            .linear(&self.conv1, &im2col3(&x, 1, what)?)?
+            .gelu_erf()
+            .map_err(ce(what))?;
+        let x = exec
+            .linear(&self.conv2, &im2col3(&x, 2, what)?)?
+            .gelu_erf()
+            .map_err(ce(what))?;
         let len = x.dim(0).map_err(ce(what))?;
         if len > self.config.max_source_positions {
-            return Err(Error::Model { what: what.into(), message: format!("{frames} frames exceed the encoder's {} positions", self.config.max_source_positions) });
+            return Err(Error::Model {
+                what: what.into(),
+                message: format!(
+                    "{frames} frames exceed the encoder's {} positions",
+                    self.config.max_source_positions
+                ),
+            });
         }
-        let mut x = x.broadcast_add(&self.encoder_positions.i(..len).map_err(ce(what))?).map_err(ce(what))?;
+        let mut x = x
+            .broadcast_add(&self.encoder_positions.i(..len).map_err(ce(what))?)
+            .map_err(ce(what))?;
         for layer in &self.encoder_layers {
             let h = layer.attn_norm.forward(&x)?;
             let kv = layer.attn.keys_values(exec, &h)?;
@@ -364,21 +524,45 @@ impl Whisper {
 
     /// A fresh decoder state over an encoder output (computes the cross-attention keys/values).
     pub fn start_decoder(&self, exec: &mut dyn LinearExec, audio: &Tensor) -> Result<DecoderState> {
-        let cross_kv = self.decoder_layers.iter().map(|l| l.cross_attn.keys_values(exec, audio)).collect::<Result<_>>()?;
-        Ok(DecoderState { self_kv: vec![KeysValues::default(); self.decoder_layers.len()], cross_kv, position: 0 })
+        let cross_kv = self
+            .decoder_layers
+            .iter()
+            .map(|l| l.cross_attn.keys_values(exec, audio))
+            .collect::<Result<_>>()?;
+        Ok(DecoderState {
+            self_kv: vec![KeysValues::default(); self.decoder_layers.len()],
+            cross_kv,
+            position: 0,
+        })
     }
 
     /// Runs `tokens` through the decoder after what `state` holds; returns the logits of every
     /// new position, `[tokens, vocab]`.
-    pub fn decode(&self, exec: &mut dyn LinearExec, state: &mut DecoderState, tokens: &[u32]) -> Result<Tensor> {
+    pub fn decode(
+        &self,
+        exec: &mut dyn LinearExec,
+        state: &mut DecoderState,
+        tokens: &[u32],
+    ) -> Result<Tensor> {
         let what = "decoder";
         let n = tokens.len();
         let start = state.position;
         if start + n > self.config.max_target_positions {
-            return Err(Error::Model { what: what.into(), message: format!("{} tokens exceed the decoder's {} positions", start + n, self.config.max_target_positions) });
+            return Err(Error::Model {
+                what: what.into(),
+                message: format!(
+                    "{} tokens exceed the decoder's {} positions",
+                    start + n,
+                    self.config.max_target_positions
+                ),
+            });
         }
         let ids = Tensor::new(tokens, &Device::Cpu).map_err(ce(what))?;
-        let mut x = self.embed_tokens.index_select(&ids, 0).and_then(|e| e + self.decoder_positions.i(start..start + n)?).map_err(ce(what))?;
+        let mut x = self
+            .embed_tokens
+            .index_select(&ids, 0)
+            .and_then(|e| e + self.decoder_positions.i(start..start + n)?)
+            .map_err(ce(what))?;
         for (i, layer) in self.decoder_layers.iter().enumerate() {
             let h = layer.self_norm.forward(&x)?;
             let new = layer.self_attn.keys_values(exec, &h)?;
@@ -387,21 +571,32 @@ impl Whisper {
             cache.values.extend_from_slice(&new.values);
             x = (x + layer.self_attn.attend(exec, &h, cache, Some(start))?).map_err(ce(what))?;
             let h = layer.cross_norm.forward(&x)?;
-            x = (x + layer.cross_attn.attend(exec, &h, &state.cross_kv[i], None)?).map_err(ce(what))?;
+            x = (x + layer
+                .cross_attn
+                .attend(exec, &h, &state.cross_kv[i], None)?)
+            .map_err(ce(what))?;
             x = (&x + layer.ffn.forward(exec, &x)?).map_err(ce(what))?;
         }
         state.position = start + n;
         let x = self.decoder_norm.forward(&x)?;
-        x.matmul(&self.embed_tokens.t().map_err(ce(what))?).map_err(ce(what))
+        x.matmul(&self.embed_tokens.t().map_err(ce(what))?)
+            .map_err(ce(what))
     }
 }
 
 /// The logits as plain rows.
 pub fn logits_rows(logits: &Tensor) -> Result<Vec<Vec<f32>>> {
-    logits.to_dtype(DType::F32).and_then(|l| l.to_vec2::<f32>()).map_err(ce("logits"))
+    logits
+        .to_dtype(DType::F32)
+        .and_then(|l| l.to_vec2::<f32>())
+        .map_err(ce("logits"))
 }
 
 /// Softmax-free argmax over a row with some ids masked out.
 pub fn argmax_allowed(row: &[f32], allowed: impl Fn(usize) -> bool) -> Option<u32> {
-    row.iter().enumerate().filter(|(i, v)| allowed(*i) && !v.is_nan()).max_by(|a, b| a.1.total_cmp(b.1)).map(|(i, _)| i as u32)
+    row.iter()
+        .enumerate()
+        .filter(|(i, v)| allowed(*i) && !v.is_nan())
+        .max_by(|a, b| a.1.total_cmp(b.1))
+        .map(|(i, _)| i as u32)
 }
