@@ -179,8 +179,22 @@ __device__ __forceinline__ float oasr_erf(float x) {
     }
     const u32 bits = __float_as_uint(x);
     const float a = __uint_as_float(bits & 0x7FFFFFFFu);
+    if (a < 0.5f) {
+        // Taylor series x * S(x^2), Horner from S6 down to S0.
+        const float z = __fmul_rn(x, x);
+        float s = __uint_as_float(0x38FCD193u);                       // S6
+        s = __fadd_rn(__fmul_rn(s, z), __uint_as_float(0xBA6016DAu));  // S5
+        s = __fadd_rn(__fmul_rn(s, z), __uint_as_float(0x3BAB2DE7u));  // S4
+        s = __fadd_rn(__fmul_rn(s, z), __uint_as_float(0xBCDC1672u));  // S3
+        s = __fadd_rn(__fmul_rn(s, z), __uint_as_float(0x3DE71791u));  // S2
+        s = __fadd_rn(__fmul_rn(s, z), __uint_as_float(0xBEC093A3u));  // S1
+        s = __fadd_rn(__fmul_rn(s, z), __uint_as_float(0x3F906EBBu));  // S0
+        return __fmul_rn(x, s);
+    }
+    // Abramowitz-Stegun 7.1.26.
     const float P = __uint_as_float(0x3EA7BA05u);
-    const float t = __fdiv_rn(1.0f, __fadd_rn(1.0f, __fmul_rn(P, a)));
+    // 1 / x correctly rounded: __frcp_rn gives the bits of the IEEE division 1.0f / x, faster.
+    const float t = __frcp_rn(__fadd_rn(1.0f, __fmul_rn(P, a)));
     float q = __uint_as_float(0x3F87DC22u);                       // a5
     q = __fadd_rn(__fmul_rn(q, t), __uint_as_float(0xBFBA00E3u));  // a4
     q = __fadd_rn(__fmul_rn(q, t), __uint_as_float(0x3FB5F0E3u));  // a3
@@ -199,7 +213,7 @@ __device__ __forceinline__ float oasr_activate(int act, float v) {
         case OASR_ACT_SWISH: {
             const float e = oasr_exp(-v);
             const float d = __fadd_rn(1.0f, e);
-            const float s = __fdiv_rn(1.0f, d);
+            const float s = __frcp_rn(d);  // = 1.0f / d, correctly rounded
             return __fmul_rn(v, s);
         }
         case OASR_ACT_GELU: {

@@ -11,8 +11,16 @@ extern "C" __global__ void __launch_bounds__(256)
     for (i64 gi = (i64)blockIdx.x * blockDim.x + threadIdx.x; gi < groups;
          gi += (i64)gridDim.x * blockDim.x) {
         const i64 first = gi * 8;
-        const int row = (int)(first / n);
-        const int col = (int)(first % n);
+        // 32-bit division whenever the group index fits (it does below 2^31 groups).
+        const int gpr = n / 8;
+        int row, col;
+        if (gi < 0x7FFFFFFF) {
+            row = (int)((u32)gi / (u32)gpr);
+            col = (int)((u32)gi - (u32)row * (u32)gpr) * 8;
+        } else {
+            row = (int)(first / n);
+            col = (int)(first % n);
+        }
         const float a_scale = epi.a_scale != 0 ? epi.a_scale[row] : epi.a_scale_value;
         const int4 v0 = *reinterpret_cast<const int4*>(acc + first);
         const int4 v1 = *reinterpret_cast<const int4*>(acc + first + 4);

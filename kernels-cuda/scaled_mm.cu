@@ -7,8 +7,12 @@
 // - int8: mma.sync.m16n8k32 s8·s8 -> s32, exact int32 accumulation (K <= INT8_MAX_K);
 //   the accumulator becomes f32 once, nearest-even, in the epilogue. Bit-exact with the CPU
 //   reference whatever the tile.
-// - e4m3 (sm_89+): mma.sync.m16n8k32 e4m3·e4m3 -> f32. Every output is the chain
-//   D = mma(A[:, k0:k0+32], W[:, k0:k0+32], D) for k0 = 0, 32, 64, ... from D = +0, in that
+// - e4m3 (sm_89+): the e4m3 fragments are widened to f16 (exactly: every e4m3 value is an f16
+//   value, and the products of two are exact in f32) and multiplied with mma.sync.m16n8k16
+//   f16·f16 -> f32, two per k32 step (k 0..15, then 16..31). sm_90 has no native form of
+//   mma.m16n8k32.e4m3 (ptxas expands it into the same conversions and HMMA.16816, but once per
+//   mma instead of once per fragment). Every output is the chain
+//   D = mma(A[:, k0:k0+16], W[:, k0:k0+16], D) for k0 = 0, 16, 32, ... from D = +0, in that
 //   order, in every tile configuration and for every M: no split-K, no reordering, so a row's
 //   result does not depend on the batch it is in or on the tile that computes it.
 //
@@ -57,14 +61,47 @@ __device__ __forceinline__ void oasr_mma(i32 (&c)[4], const u32 (&a)[4], u32 b0,
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-__device__ __forceinline__ void oasr_mma(float (&c)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+// Two e4m3 codes (a 16-bit half of a fragment register) to two f16 (exact: every e4m3 value,
+// subnormals included, is an f16 value).
+__device__ __forceinline__ u32 oasr_e4m3x2_to_f16x2(u32 v) {
+    u32 r = 0;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+    const u16 h = (u16)v;
+    asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(r) : "h"(h));
+#endif
+    return r;
+}
+
+__device__ __forceinline__ void oasr_mma_f16(float (&c)[4], u32 a0, u32 a1, u32 a2, u32 a3,
+                                             u32 b0, u32 b1) {
     asm volatile(
-        "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0, %1, %2, %3}, "
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
         "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-#endif
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// The e4m3 fragments of one k32 step, widened to f16 once (not once per mma, which is what
+// ptxas does for mma.m16n8k32.e4m3 on sm_90, where that instruction has no native form).
+//
+// Register x of an 8-bit fragment holds k = 4t .. 4t+3 (lane t = lane % 4; +16 for a2, a3, b1).
+// Its low half (k = 4t, 4t+1) becomes f16 "virtual" k = 2t, 2t+1 and its high half
+// (k = 4t+2, 4t+3) virtual k = 2t+8, 2t+9 of an m16n8k16 fragment. A and B use the same
+// bijection, so each m16n8k16 sums exactly the products of real k = 0..15, then 16..31: a fixed
+// order, the same for every tile and every M.
+struct OasrF16Frag {
+    u32 a[2][4];  // [k16 half][m16n8k16 A registers]
+};
+
+__device__ __forceinline__ void oasr_widen_a(OasrF16Frag& f, const u32 (&a)[4]) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const u32 top = a[2 * h], bottom = a[2 * h + 1];  // rows g and g + 8
+        f.a[h][0] = oasr_e4m3x2_to_f16x2(top & 0xFFFFu);
+        f.a[h][1] = oasr_e4m3x2_to_f16x2(bottom & 0xFFFFu);
+        f.a[h][2] = oasr_e4m3x2_to_f16x2(top >> 16);
+        f.a[h][3] = oasr_e4m3x2_to_f16x2(bottom >> 16);
+    }
 }
 
 // Byte offset of 16-byte chunk `chunk` of row `row` in a shared tile of CPR chunks per row.
@@ -110,9 +147,8 @@ __device__ __forceinline__ void oasr_scaled_mm(const GemmParams& p) {
     constexpr u32 B_STAGE = BN * BK;
     static_assert(WTM % 16 == 0 && WTN % 16 == 0, "warp tile must be a multiple of 16 x 16");
     static_assert(BK % 32 == 0, "BK must hold whole k32 steps");
-    // Fully unrolled k32 steps let ptxas hoist the next step's ldmatrix over the current mma;
-    // fp8 mma.sync needs more registers per instruction, so its k32 steps stay a loop.
-    constexpr int KS_UNROLL = FP8 ? 1 : BK / 32;
+    // Fully unrolled k32 steps let ptxas hoist the next step's ldmatrix over the current mma.
+    constexpr int KS_UNROLL = BK / 32;
 
     extern __shared__ __align__(128) u8 oasr_smem[];
     const u32 smem_a = (u32)__cvta_generic_to_shared(oasr_smem);
@@ -148,6 +184,27 @@ __device__ __forceinline__ void oasr_scaled_mm(const GemmParams& p) {
             for (int e = 0; e < 4; ++e) acc[i][j][e] = 0;
 
     const int ktiles = (k + BK - 1) / BK;
+
+    // Epilogue operands, loaded now so that their latency hides behind the main loop: the
+    // lane's two output columns, and the a_scale of row (lane % 16) of each m16 slab (handed
+    // to the other lanes with a shuffle in the epilogue).
+    constexpr int LPR = WTN / 2;  // lanes per output row in the epilogue
+    static_assert(LPR <= 32 && 32 % LPR == 0, "warp tile width must be 16, 32 or 64");
+    const int lane_col = (lane % LPR) * 2;
+    const int col = col0 + warp_n * WTN + lane_col;
+    const bool col_ok = col < n;
+    OasrColumns cols = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+    if (col_ok) {
+        cols = oasr_columns(p.epi, col);
+    }
+    float slab_scale[MT];
+#pragma unroll
+    for (int i = 0; i < MT; ++i) {
+        const int row = row0 + warp_m * WTM + i * 16 + (lane & 15);
+        slab_scale[i] = p.epi.a_scale == 0 ? p.epi.a_scale_value
+                        : row < m          ? p.epi.a_scale[row]
+                                           : 0.0f;
+    }
 
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
@@ -195,10 +252,33 @@ __device__ __forceinline__ void oasr_scaled_mm(const GemmParams& p) {
                 bf[2 * j + 1][0] = r[2];
                 bf[2 * j + 1][1] = r[3];
             }
+            if constexpr (FP8) {
+                OasrF16Frag fa[MT];
+                u32 fb[NT][4];
 #pragma unroll
-            for (int i = 0; i < MT; ++i)
+                for (int i = 0; i < MT; ++i) oasr_widen_a(fa[i], af[i]);
 #pragma unroll
-                for (int j = 0; j < NT; ++j) oasr_mma(acc[i][j], af[i], bf[j][0], bf[j][1]);
+                for (int j = 0; j < NT; ++j) {
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                        fb[j][2 * h] = oasr_e4m3x2_to_f16x2(bf[j][h] & 0xFFFFu);
+                        fb[j][2 * h + 1] = oasr_e4m3x2_to_f16x2(bf[j][h] >> 16);
+                    }
+                }
+#pragma unroll
+                for (int h = 0; h < 2; ++h)
+#pragma unroll
+                    for (int i = 0; i < MT; ++i)
+#pragma unroll
+                        for (int j = 0; j < NT; ++j)
+                            oasr_mma_f16(acc[i][j], fa[i].a[h][0], fa[i].a[h][1], fa[i].a[h][2],
+                                         fa[i].a[h][3], fb[j][2 * h], fb[j][2 * h + 1]);
+            } else {
+#pragma unroll
+                for (int i = 0; i < MT; ++i)
+#pragma unroll
+                    for (int j = 0; j < NT; ++j) oasr_mma(acc[i][j], af[i], bf[j][0], bf[j][1]);
+            }
         }
     }
     oasr_cp_async_wait<0>();
@@ -211,19 +291,10 @@ __device__ __forceinline__ void oasr_scaled_mm(const GemmParams& p) {
     // contiguous across the warp. The scratch row stride is WTN + 8 floats (bank-conflict-free
     // 8-byte accesses).
     constexpr int SROW = WTN + 8;
-    constexpr int LPR = WTN / 2;         // lanes per slab row
-    constexpr int RPI = 32 / LPR;        // slab rows per iteration
-    static_assert(LPR <= 32 && 32 % LPR == 0, "warp tile width must be 16, 32 or 64");
+    constexpr int RPI = 32 / LPR;  // slab rows per iteration
     float* scratch = reinterpret_cast<float*>(oasr_smem) + warp * 16 * SROW;
     const int g = lane >> 2;
     const int tig = lane & 3;
-    const int lane_col = (lane % LPR) * 2;
-    const int col = col0 + warp_n * WTN + lane_col;
-    const bool col_ok = col < n;
-    OasrColumns cols;
-    if (col_ok) {
-        cols = oasr_columns(p.epi, col);
-    }
 #pragma unroll
     for (int i = 0; i < MT; ++i) {
 #pragma unroll
@@ -237,14 +308,27 @@ __device__ __forceinline__ void oasr_scaled_mm(const GemmParams& p) {
             *reinterpret_cast<float2*>(scratch + (g + 8) * SROW + j * 8 + tig * 2) = hi;
         }
         __syncwarp();
+        // ROWS rows of the slab per lane, U at a time: U independent epilogue chains in flight
+        // (the activations are long dependent sequences of correctly rounded operations).
+        constexpr int ROWS = 16 / RPI;
+        constexpr int U = 4;
+        static_assert(ROWS % U == 0, "slab rows per lane must be a multiple of U");
 #pragma unroll 1
-        for (int r = lane / LPR; r < 16; r += RPI) {
-            const int row = row0 + warp_m * WTM + i * 16 + r;
-            if (row < m && col_ok) {
-                const float a_scale =
-                    p.epi.a_scale != 0 ? p.epi.a_scale[row] : p.epi.a_scale_value;
-                const float2 v = *reinterpret_cast<const float2*>(scratch + r * SROW + lane_col);
-                oasr_store_pair(p.epi, cols, n, row, col, v.x, v.y, a_scale);
+        for (int it = 0; it < ROWS; it += U) {
+            float2 v[U];
+            float a_scale[U];
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                const int r = lane / LPR + (it + u) * RPI;
+                v[u] = *reinterpret_cast<const float2*>(scratch + r * SROW + lane_col);
+                a_scale[u] = __shfl_sync(0xFFFFFFFFu, slab_scale[i], r);
+            }
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                const int row = row0 + warp_m * WTM + i * 16 + lane / LPR + (it + u) * RPI;
+                if (row < m && col_ok) {
+                    oasr_store_pair(p.epi, cols, n, row, col, v[u].x, v[u].y, a_scale[u]);
+                }
             }
         }
         __syncwarp();
@@ -272,17 +356,19 @@ __device__ __forceinline__ void oasr_scaled_mm(const GemmParams& p) {
         OASR_FP8_BODY(oasr_scaled_mm<true, BM, BN, BK, WM, WN, ST>(p);)                      \
     }
 
-// int8: 64 x 64 warp tiles for the large shapes, smaller CTAs to fill the chip on small ones.
-OASR_GEMM_I8(128, 256, 64, 2, 4, 4, 1)
-OASR_GEMM_I8(256, 128, 64, 4, 2, 4, 1)
-OASR_GEMM_I8(128, 256, 128, 2, 4, 3, 1)
-OASR_GEMM_I8(128, 128, 64, 2, 2, 4, 2)
-OASR_GEMM_I8(128, 128, 128, 2, 2, 3, 1)
-OASR_GEMM_I8(64, 128, 64, 2, 2, 4, 2)
-OASR_GEMM_I8(64, 64, 64, 2, 2, 4, 2)
+// The same tile configurations for both dtypes, largest CTA tiles first: 64 x 64 warp tiles for
+// the large shapes, smaller CTAs (more of them in flight per SM) for the small ones. The
+// BK = 128 variants are int8 only: with the widened fp8 fragments they would spill.
+#define OASR_GEMM_CONFIG(BM, BN, BK, WM, WN, ST, MINB) \
+    OASR_GEMM_I8(BM, BN, BK, WM, WN, ST, MINB)         \
+    OASR_GEMM_E4M3(BM, BN, BK, WM, WN, ST, MINB)
 
-// e4m3: 64 x 32 and 32 x 64 warp tiles (the fp8 mma needs more registers).
-OASR_GEMM_E4M3(128, 128, 64, 2, 4, 4, 1)
-OASR_GEMM_E4M3(128, 128, 128, 2, 4, 3, 1)
-OASR_GEMM_E4M3(64, 128, 64, 2, 2, 4, 2)
-OASR_GEMM_E4M3(64, 64, 64, 2, 2, 4, 2)
+OASR_GEMM_CONFIG(128, 256, 64, 2, 4, 4, 1)
+OASR_GEMM_I8(128, 256, 128, 2, 4, 3, 1)
+OASR_GEMM_CONFIG(128, 128, 64, 2, 2, 4, 2)
+OASR_GEMM_I8(128, 128, 128, 2, 2, 3, 1)
+OASR_GEMM_I8(128, 128, 64, 2, 2, 6, 2)
+OASR_GEMM_CONFIG(128, 128, 64, 2, 4, 4, 1)
+OASR_GEMM_CONFIG(128, 64, 64, 2, 2, 4, 2)
+OASR_GEMM_CONFIG(64, 128, 64, 2, 2, 4, 2)
+OASR_GEMM_CONFIG(64, 64, 64, 2, 2, 4, 2)

@@ -397,15 +397,23 @@ impl CudaLane {
 
     /// The configuration [`launch_scaled_mm`](Self::launch_scaled_mm) uses for this shape when
     /// none is given.
-    pub fn choose_config(&self, dtype: QuantDtype, m: usize, n: usize) -> Result<GemmConfig> {
+    pub fn choose_config(
+        &self,
+        dtype: QuantDtype,
+        m: usize,
+        n: usize,
+        k: usize,
+    ) -> Result<GemmConfig> {
         let available: Vec<(GemmConfig, usize)> = self
             .gemm
             .iter()
             .map(|(c, _, per_sm)| (*c, *per_sm))
             .collect();
-        GemmConfig::choose(dtype, m, n, &available, self.info.sm_count).ok_or_else(|| Error::Cuda {
-            what: "scaled_mm".into(),
-            message: format!("no {dtype} GEMM kernel runs on {}", self.info.arch),
+        GemmConfig::choose(dtype, m, n, k, &available, self.info.sm_count).ok_or_else(|| {
+            Error::Cuda {
+                what: "scaled_mm".into(),
+                message: format!("no {dtype} GEMM kernel runs on {}", self.info.arch),
+            }
         })
     }
 
@@ -504,7 +512,7 @@ impl CudaLane {
         };
         let config = match config {
             Some(c) => c,
-            None => self.choose_config(g.dtype, m, n)?,
+            None => self.choose_config(g.dtype, m, n, k)?,
         };
         let (a_scale, a_scale_value) = match g.a_scale {
             DeviceActScale::PerRow(s) => (self.ptr(s), 0.0),
