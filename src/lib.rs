@@ -10,6 +10,7 @@ pub mod checkpoint;
 pub mod error;
 pub mod format;
 pub mod frontend;
+mod hashing;
 pub mod inspect;
 mod links;
 pub mod models;
@@ -24,5 +25,6 @@ pub mod transcribe;
 pub mod wer;
 
 pub use error::{Error, Result};
-pub use quantizer::{convert, layout_of, sha256_file, Outcome, Progress, Quantizer, Stage};
+pub use hashing::sha256_file;
+pub use quantizer::{convert, layout_of, Outcome, Progress, Quantizer, Stage};
 pub use recipe::Recipe;

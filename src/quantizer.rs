@@ -2,11 +2,8 @@
 //! and [`convert`] (a full-precision export).
 
 use std::collections::{BTreeMap, HashMap};
-use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
-
-use sha2::{Digest, Sha256};
 
 use crate::algorithms::{self, rtn, smoothquant, WorkingTensors};
 use crate::calibration::{self, AbsMaxObserver, CalibrationSet, Manifest};
@@ -549,22 +546,7 @@ fn hash_files(
                 item: &name,
             });
         }
-        out.insert(name, sha256_file(path)?);
+        out.insert(name, crate::hashing::sha256_file(path)?);
     }
     Ok(out)
-}
-
-/// The sha256 of a file, streamed.
-pub fn sha256_file(path: &Path) -> Result<String> {
-    let mut file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
-    let mut hasher = Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        let n = file.read(&mut buf).map_err(|e| Error::io(path, e))?;
-        if n == 0 {
-            break;
-        }
-        hasher.update(&buf[..n]);
-    }
-    Ok(crate::checkpoint::safetensors_io::hex(&hasher.finalize()))
 }

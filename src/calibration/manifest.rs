@@ -82,9 +82,7 @@ impl Manifest {
         Ok(Manifest {
             path: path.into(),
             utterances,
-            sha256: crate::checkpoint::safetensors_io::hex(
-                &<sha2::Sha256 as sha2::Digest>::digest(&bytes),
-            ),
+            sha256: crate::hashing::sha256_bytes(&bytes),
         })
     }
 }

@@ -6,7 +6,6 @@
 use std::sync::Mutex;
 
 use rayon::prelude::*;
-use sha2::{Digest, Sha256};
 
 use super::{Manifest, Observer, ObservingExec, Utterance};
 use crate::error::{Error, Result};
@@ -49,8 +48,7 @@ impl CalibrationSet {
             .par_iter()
             .map(|u| crate::sha256_file(&u.audio).map(|h| format!("{h}  {}\n", u.id)))
             .collect::<Result<Vec<_>>>()?;
-        let audio_sha256 =
-            crate::checkpoint::safetensors_io::hex(&Sha256::digest(lines.concat().as_bytes()));
+        let audio_sha256 = crate::hashing::sha256_bytes(lines.concat().as_bytes());
         Ok(CalibrationSet {
             record: CalibrationRecord {
                 manifest_sha256: manifest.sha256.clone(),

@@ -132,10 +132,6 @@ impl StreamWriter {
             .into_inner()
             .map_err(|e| Error::io(&self.path, e.into_error()))?;
         file.sync_all().map_err(|e| Error::io(&self.path, e))?;
-        Ok(hex(&self.hasher.finalize()))
+        Ok(crate::hashing::hex(&self.hasher.finalize()))
     }
-}
-
-pub(crate) fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
