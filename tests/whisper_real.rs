@@ -453,27 +453,6 @@ fn a_failing_run_leaves_no_output() {
 }
 
 #[test]
-fn calibrating_recipes_are_refused_by_name_until_implemented() {
-    let tmp = tempfile::tempdir().unwrap();
-    let e = Quantizer::new(common::tiny_en(), tmp.path().join("x"))
-        .recipe("smoothquant_w8a8")
-        .run()
-        .unwrap_err();
-    assert!(e.to_string().contains("--calib-manifest"), "{e}");
-    let manifest = tmp.path().join("m.jsonl");
-    std::fs::write(&manifest, "").unwrap();
-    let e = Quantizer::new(common::tiny_en(), tmp.path().join("x"))
-        .recipe("smoothquant_w8a8")
-        .calib_manifest(&manifest)
-        .run()
-        .unwrap_err();
-    assert!(
-        matches!(e, Error::NotImplemented { .. }) && e.to_string().contains("smoothquant"),
-        "{e}"
-    );
-}
-
-#[test]
 fn progress_is_reported_through_the_callback() {
     let tmp = tempfile::tempdir().unwrap();
     let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
