@@ -22,6 +22,7 @@ pub mod report;
 pub mod runtime;
 pub mod selection;
 pub mod transcribe;
+pub mod verify;
 pub mod wer;
 
 pub use error::{Error, Result};

@@ -65,15 +65,15 @@ impl Transcriber {
         })
     }
 
-    /// Greedy transcription of 16 kHz samples, with the 30 s padded log-mel the model was trained on.
-    pub fn decode(
-        &self,
-        exec: &mut dyn LinearExec,
-        samples: &[f32],
-        keep_logits: bool,
-    ) -> Result<Decoded> {
+    /// The encoder output for 16 kHz samples, from the 30 s log-mel the model was trained on.
+    pub fn encode(&self, exec: &mut dyn LinearExec, samples: &[f32]) -> Result<candle_core::Tensor> {
         let mel = self.frontend.log_mel(samples);
-        let audio = self.model.encode(exec, &mel.data, mel.n_mels, mel.frames)?;
+        self.model.encode(exec, &mel.data, mel.n_mels, mel.frames)
+    }
+
+    /// Greedy transcription of 16 kHz samples.
+    pub fn decode(&self, exec: &mut dyn LinearExec, samples: &[f32], keep_logits: bool) -> Result<Decoded> {
+        let audio = self.encode(exec, samples)?;
         greedy(&self.model, exec, &audio, &self.rules, keep_logits)
     }
 

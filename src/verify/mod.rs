@@ -1,0 +1,246 @@
+//! The verify run: the full-precision model and the quantized one on the same audio. The
+//! quantized model runs its quantized GEMMs with the reference numerics of `numerics/`, exactly as
+//! the serving kernels compute them (per-token quantize with the smoother, or the static
+//! quantize; the scaled GEMM with its epilogue rounded once to the served dtype); every other
+//! operation runs in f32 as in the full-precision forward.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use candle_core::{Device, Tensor};
+use serde::Serialize;
+
+use crate::calibration::Manifest;
+use crate::checkpoint::Checkpoint;
+use crate::error::{Error, Result};
+use crate::format::{QuantDtype, QuantizationSpec};
+use crate::models::whisper::forward::{ce, Linear, LinearExec};
+use crate::models::whisper::{teacher_forced, FullPrecision};
+use crate::numerics::{self, ActScale, Activation, GemmEpilogue, OutDtype};
+use crate::transcribe::Transcriber;
+use crate::wer::{word_errors, WordErrors};
+
+/// One quantized layer as stored in a v2 checkpoint.
+#[derive(Clone, Debug)]
+struct QuantizedLayer {
+    dtype: QuantDtype,
+    /// `[n, k]` codes (a convolution's KSC weight flattened to `[n, taps · in]`).
+    codes: Vec<u8>,
+    weight_scale: Vec<f32>,
+    smooth_inv: Option<Vec<f32>>,
+    input_scale: Option<f32>,
+    bias: Option<Vec<f32>>,
+    n: usize,
+}
+
+/// Runs the quantized layers with the reference numerics; the rest in f32.
+pub struct QuantizedExec<'a> {
+    layers: &'a BTreeMap<String, QuantizedLayer>,
+    served: OutDtype,
+    /// Non-finite values seen in quantized GEMM outputs.
+    pub nonfinite: usize,
+}
+
+impl LinearExec for QuantizedExec<'_> {
+    fn linear(&mut self, layer: &Linear, x: &Tensor) -> Result<Tensor> {
+        let Some(q) = self.layers.get(&layer.name) else { return layer.forward(x) };
+        let (rows, k) = x.dims2().map_err(ce(&layer.name))?;
+        let values = x.flatten_all().and_then(|f| f.to_vec1::<f32>()).map_err(ce(&layer.name))?;
+        let smooth = q.smooth_inv.as_deref();
+        let epi = GemmEpilogue { bias: q.bias.as_deref(), activation: Activation::None, out: self.served };
+        let out = match q.input_scale {
+            Some(scale) => {
+                let codes = numerics::quantize_static(&values, rows, k, smooth, scale, q.dtype);
+                numerics::scaled_mm(q.dtype, &codes, ActScale::PerTensor(scale), &q.codes, &q.weight_scale, rows, q.n, k, &epi)
+            }
+            None => {
+                let a = numerics::quantize_per_token(&values, rows, k, smooth, q.dtype);
+                numerics::scaled_mm(q.dtype, &a.codes, ActScale::PerRow(&a.scales), &q.codes, &q.weight_scale, rows, q.n, k, &epi)
+            }
+        };
+        let out: Vec<f32> = out.into_iter().map(|b| numerics::out_bits_to_f32(self.served, b)).collect();
+        self.nonfinite += out.iter().filter(|v| !v.is_finite()).count();
+        Tensor::from_vec(out, (rows, q.n), &Device::Cpu).map_err(ce(&layer.name))
+    }
+}
+
+/// A quantized checkpoint made runnable: the model (quantized layers dequantized, only for shapes)
+/// and the quantized layers.
+pub struct QuantizedModel {
+    pub transcriber: Transcriber,
+    layers: BTreeMap<String, QuantizedLayer>,
+    pub spec: QuantizationSpec,
+}
+
+impl QuantizedModel {
+    pub fn load(dir: &Path) -> Result<Self> {
+        let ckpt = Checkpoint::open(dir)?;
+        let spec = ckpt.config.quantization.clone().ok_or_else(|| Error::UnknownFormat {
+            path: dir.into(),
+            message: "not a quantized checkpoint (format_version 2); verify compares a quantized checkpoint with its reference".into(),
+        })?;
+        let mut layers = BTreeMap::new();
+        let mut runnable = ckpt.clone();
+        for (name, l) in &spec.layers {
+            let t = |key: &str| ckpt.tensors.get(&format!("{name}.{key}"));
+            let weight = t("weight").ok_or_else(|| Error::tensor(dir, format!("{name}.weight"), "missing"))?;
+            let n = weight.shape[0];
+            let codes = weight.bytes().to_vec();
+            let weight_scale = t("weight_scale").map(|s| s.to_f32()).unwrap_or_default();
+            let f32_of = |key: &str| t(key).filter(|x| x.dtype.is_float()).map(|x| x.to_f32());
+            let layer = QuantizedLayer {
+                dtype: l.scheme.dtype(),
+                smooth_inv: f32_of("smooth_inv"),
+                input_scale: f32_of("input_scale").and_then(|v| v.first().copied()),
+                bias: f32_of("bias"),
+                n,
+                weight_scale,
+                codes,
+            };
+            // The f32 model needs a float weight of the right shape; its values are never used.
+            let k = layer.codes.len() / n;
+            let dequant: Vec<f32> = layer.codes.iter().enumerate().map(|(i, c)| numerics::decode(layer.dtype, *c) * layer.weight_scale[i / k]).collect();
+            runnable.tensors.insert(format!("{name}.weight"), crate::checkpoint::Tensor::from_f32(weight.shape.clone(), &dequant));
+            layers.insert(name.clone(), layer);
+        }
+        runnable.config.quantization = None;
+        runnable.config.format_version = 1;
+        Ok(QuantizedModel { transcriber: Transcriber::new(&runnable)?, layers, spec })
+    }
+
+    pub fn exec(&self, served: OutDtype) -> QuantizedExec<'_> {
+        QuantizedExec { layers: &self.layers, served, nonfinite: 0 }
+    }
+}
+
+/// Logit agreement over decoding steps.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Agreement {
+    pub steps: usize,
+    pub cosine_mean: f64,
+    pub cosine_min: f64,
+    /// Fraction of steps whose arg-max token is the same.
+    pub top1_agreement: f64,
+}
+
+#[derive(Default)]
+struct AgreementSum {
+    steps: usize,
+    cosine_sum: f64,
+    cosine_min: f64,
+    top1_same: usize,
+}
+
+impl AgreementSum {
+    fn add(&mut self, a: &[f32], b: &[f32]) {
+        let dot: f64 = a.iter().zip(b).map(|(x, y)| f64::from(*x) * f64::from(*y)).sum();
+        let na = a.iter().map(|x| f64::from(*x).powi(2)).sum::<f64>().sqrt();
+        let nb = b.iter().map(|x| f64::from(*x).powi(2)).sum::<f64>().sqrt();
+        let cos = if na > 0.0 && nb > 0.0 { dot / (na * nb) } else { 0.0 };
+        if self.steps == 0 || cos < self.cosine_min {
+            self.cosine_min = cos;
+        }
+        self.steps += 1;
+        self.cosine_sum += cos;
+        let argmax = |v: &[f32]| v.iter().enumerate().max_by(|x, y| x.1.total_cmp(y.1)).map(|(i, _)| i);
+        self.top1_same += usize::from(argmax(a) == argmax(b));
+    }
+
+    fn finish(&self) -> Agreement {
+        let n = self.steps.max(1) as f64;
+        Agreement { steps: self.steps, cosine_mean: self.cosine_sum / n, cosine_min: self.cosine_min, top1_agreement: self.top1_same as f64 / n }
+    }
+}
+
+/// One utterance of a verify run.
+#[derive(Clone, Debug, Serialize)]
+pub struct VerifiedUtterance {
+    pub id: String,
+    pub reference_text: Option<String>,
+    pub full_precision: String,
+    pub quantized: String,
+}
+
+/// The verify report (`--json`).
+#[derive(Clone, Debug, Serialize)]
+pub struct VerifyReport {
+    pub quantized_checkpoint: String,
+    pub reference_checkpoint: String,
+    pub manifest: String,
+    pub served_dtype: OutDtype,
+    pub utterances: usize,
+    pub wer_full_precision: Option<f64>,
+    pub wer_quantized: Option<f64>,
+    /// Quantized minus full precision (absolute).
+    pub wer_delta: Option<f64>,
+    pub word_errors_full_precision: WordErrors,
+    pub word_errors_quantized: WordErrors,
+    /// Each model decodes its own greedy tokens; logits compared step by step.
+    pub free_running: Agreement,
+    /// The quantized model scores the full-precision tokens.
+    pub teacher_forced: Agreement,
+    /// Non-finite values in the quantized model's GEMM outputs and logits.
+    pub nonfinite: usize,
+    pub seconds: f64,
+    pub utterances_per_second: f64,
+    pub transcripts: Vec<VerifiedUtterance>,
+}
+
+/// Runs the reference and the quantized checkpoint on the first `limit` utterances of a manifest.
+pub fn verify(quantized: &Path, reference: &Path, manifest: &Manifest, limit: Option<usize>, served: OutDtype, mut progress: impl FnMut(usize, usize, &str)) -> Result<VerifyReport> {
+    let q = QuantizedModel::load(quantized)?;
+    let r = Transcriber::new(&Checkpoint::open(reference)?)?;
+    let started = std::time::Instant::now();
+    let chosen: Vec<_> = manifest.utterances.iter().take(limit.unwrap_or(usize::MAX)).collect();
+    let (mut free, mut forced) = (AgreementSum::default(), AgreementSum::default());
+    let (mut we_r, mut we_q) = (WordErrors::default(), WordErrors::default());
+    let mut nonfinite = 0;
+    let mut transcripts = Vec::new();
+    for (i, u) in chosen.iter().enumerate() {
+        let mut run = || -> Result<()> {
+            let samples = r.read(u)?;
+            let fp = r.decode(&mut FullPrecision, &samples, true)?;
+            let mut exec = q.exec(served);
+            let audio = q.transcriber.encode(&mut exec, &samples)?;
+            let qd = crate::models::whisper::greedy(&q.transcriber.model, &mut exec, &audio, &q.transcriber.rules, true)?;
+            let scored = teacher_forced(&q.transcriber.model, &mut exec, &audio, &q.transcriber.rules, &fp.tokens)?;
+            nonfinite += exec.nonfinite + qd.step_logits.iter().chain(&scored).flatten().filter(|v| !v.is_finite()).count();
+            for (a, b) in fp.step_logits.iter().zip(&qd.step_logits) {
+                free.add(a, b);
+            }
+            for (a, b) in fp.step_logits.iter().zip(&scored) {
+                forced.add(a, b);
+            }
+            let (hyp_r, hyp_q) = (r.text(&fp.tokens)?, q.transcriber.text(&qd.tokens)?);
+            if let Some(text) = &u.text {
+                we_r.add(word_errors(text, &hyp_r));
+                we_q.add(word_errors(text, &hyp_q));
+            }
+            transcripts.push(VerifiedUtterance { id: u.id.clone(), reference_text: u.text.clone(), full_precision: hyp_r, quantized: hyp_q });
+            Ok(())
+        };
+        run().map_err(|e| Error::Utterance { id: u.id.clone(), source: Box::new(e) })?;
+        progress(i + 1, chosen.len(), &u.id);
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    let has_text = chosen.iter().any(|u| u.text.is_some());
+    let (wr, wq) = (has_text.then(|| we_r.rate()), has_text.then(|| we_q.rate()));
+    Ok(VerifyReport {
+        quantized_checkpoint: quantized.display().to_string(),
+        reference_checkpoint: reference.display().to_string(),
+        manifest: manifest.path.display().to_string(),
+        served_dtype: served,
+        utterances: chosen.len(),
+        wer_full_precision: wr,
+        wer_quantized: wq,
+        wer_delta: wr.zip(wq).map(|(a, b)| b - a),
+        word_errors_full_precision: we_r,
+        word_errors_quantized: we_q,
+        free_running: free.finish(),
+        teacher_forced: forced.finish(),
+        nonfinite,
+        seconds,
+        utterances_per_second: chosen.len() as f64 / seconds.max(1e-9),
+        transcripts,
+    })
+}
