@@ -146,9 +146,25 @@ fn main() -> ExitCode {
         }) => convert(src, dst, overwrite),
         Some(Command::Inspect { checkpoint, json }) => inspect(checkpoint, json),
         Some(Command::Recipes { json }) => recipes(json),
-        Some(Command::Verify { quantized, reference, manifest, audio_root, json, limit, served_dtype, device }) => {
-            verify(quantized, reference, manifest, audio_root, json, limit, &served_dtype, &device)
-        }
+        Some(Command::Verify {
+            quantized,
+            reference,
+            manifest,
+            audio_root,
+            json,
+            limit,
+            served_dtype,
+            device,
+        }) => verify(
+            quantized,
+            reference,
+            manifest,
+            audio_root,
+            json,
+            limit,
+            &served_dtype,
+            &device,
+        ),
         #[cfg(feature = "cuda")]
         Some(Command::BenchGemm(args)) => {
             oasr_quantize::runtime::bench::run_cli(&args, |line| eprintln!("{line}"))
@@ -397,7 +413,16 @@ fn transcribe(
 }
 
 #[allow(clippy::too_many_arguments)]
-fn verify(quantized: PathBuf, reference: PathBuf, manifest: PathBuf, audio_root: Option<PathBuf>, json: Option<PathBuf>, limit: Option<usize>, served: &str, device: &str) -> Result<()> {
+fn verify(
+    quantized: PathBuf,
+    reference: PathBuf,
+    manifest: PathBuf,
+    audio_root: Option<PathBuf>,
+    json: Option<PathBuf>,
+    limit: Option<usize>,
+    served: &str,
+    device: &str,
+) -> Result<()> {
     use oasr_quantize::numerics::OutDtype;
     let served = match served {
         "f16" => OutDtype::F16,
@@ -412,19 +437,43 @@ fn verify(quantized: PathBuf, reference: PathBuf, manifest: PathBuf, audio_root:
     let manifest = oasr_quantize::calibration::Manifest::read(&manifest, audio_root.as_deref())?;
     let bar = utterance_bar(limit.unwrap_or(usize::MAX).min(manifest.utterances.len()));
     bar.set_prefix("verifying");
-    let report = oasr_quantize::verify::verify(&quantized, &reference, &manifest, limit, served, |done, _, id| {
-        bar.set_position(done as u64);
-        bar.set_message(id.to_string());
-    })?;
+    let report = oasr_quantize::verify::verify(
+        &quantized,
+        &reference,
+        &manifest,
+        limit,
+        served,
+        |done, _, id| {
+            bar.set_position(done as u64);
+            bar.set_message(id.to_string());
+        },
+    )?;
     bar.finish_and_clear();
     let pct = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{:.2}%", v * 100.0));
     println!("utterances:        {}", report.utterances);
-    println!("WER full precision {}  quantized {}  delta {}", pct(report.wer_full_precision), pct(report.wer_quantized), pct(report.wer_delta));
-    for (name, a) in [("free-running", &report.free_running), ("teacher-forced", &report.teacher_forced)] {
-        println!("{name:>15}: logit cosine mean {:.6} min {:.6}, top-1 agreement {:.2}% over {} steps", a.cosine_mean, a.cosine_min, a.top1_agreement * 100.0, a.steps);
+    println!(
+        "WER full precision {}  quantized {}  delta {}",
+        pct(report.wer_full_precision),
+        pct(report.wer_quantized),
+        pct(report.wer_delta)
+    );
+    for (name, a) in [
+        ("free-running", &report.free_running),
+        ("teacher-forced", &report.teacher_forced),
+    ] {
+        println!(
+            "{name:>15}: logit cosine mean {:.6} min {:.6}, top-1 agreement {:.2}% over {} steps",
+            a.cosine_mean,
+            a.cosine_min,
+            a.top1_agreement * 100.0,
+            a.steps
+        );
     }
     println!("non-finite values: {}", report.nonfinite);
-    println!("{:.2} utterances/s (both models, {:.1} s)", report.utterances_per_second, report.seconds);
+    println!(
+        "{:.2} utterances/s (both models, {:.1} s)",
+        report.utterances_per_second, report.seconds
+    );
     if let Some(path) = json {
         oasr_quantize::checkpoint::write_json(&path, &report)?;
     }

@@ -66,13 +66,22 @@ impl Transcriber {
     }
 
     /// The encoder output for 16 kHz samples, from the 30 s log-mel the model was trained on.
-    pub fn encode(&self, exec: &mut dyn LinearExec, samples: &[f32]) -> Result<candle_core::Tensor> {
+    pub fn encode(
+        &self,
+        exec: &mut dyn LinearExec,
+        samples: &[f32],
+    ) -> Result<candle_core::Tensor> {
         let mel = self.frontend.log_mel(samples);
         self.model.encode(exec, &mel.data, mel.n_mels, mel.frames)
     }
 
     /// Greedy transcription of 16 kHz samples.
-    pub fn decode(&self, exec: &mut dyn LinearExec, samples: &[f32], keep_logits: bool) -> Result<Decoded> {
+    pub fn decode(
+        &self,
+        exec: &mut dyn LinearExec,
+        samples: &[f32],
+        keep_logits: bool,
+    ) -> Result<Decoded> {
         let audio = self.encode(exec, samples)?;
         greedy(&self.model, exec, &audio, &self.rules, keep_logits)
     }

@@ -43,22 +43,54 @@ pub struct QuantizedExec<'a> {
 
 impl LinearExec for QuantizedExec<'_> {
     fn linear(&mut self, layer: &Linear, x: &Tensor) -> Result<Tensor> {
-        let Some(q) = self.layers.get(&layer.name) else { return layer.forward(x) };
+        let Some(q) = self.layers.get(&layer.name) else {
+            return layer.forward(x);
+        };
         let (rows, k) = x.dims2().map_err(ce(&layer.name))?;
-        let values = x.flatten_all().and_then(|f| f.to_vec1::<f32>()).map_err(ce(&layer.name))?;
+        let values = x
+            .flatten_all()
+            .and_then(|f| f.to_vec1::<f32>())
+            .map_err(ce(&layer.name))?;
         let smooth = q.smooth_inv.as_deref();
-        let epi = GemmEpilogue { bias: q.bias.as_deref(), activation: Activation::None, out: self.served };
+        let epi = GemmEpilogue {
+            bias: q.bias.as_deref(),
+            activation: Activation::None,
+            out: self.served,
+        };
         let out = match q.input_scale {
             Some(scale) => {
                 let codes = numerics::quantize_static(&values, rows, k, smooth, scale, q.dtype);
-                numerics::scaled_mm(q.dtype, &codes, ActScale::PerTensor(scale), &q.codes, &q.weight_scale, rows, q.n, k, &epi)
+                numerics::scaled_mm(
+                    q.dtype,
+                    &codes,
+                    ActScale::PerTensor(scale),
+                    &q.codes,
+                    &q.weight_scale,
+                    rows,
+                    q.n,
+                    k,
+                    &epi,
+                )
             }
             None => {
                 let a = numerics::quantize_per_token(&values, rows, k, smooth, q.dtype);
-                numerics::scaled_mm(q.dtype, &a.codes, ActScale::PerRow(&a.scales), &q.codes, &q.weight_scale, rows, q.n, k, &epi)
+                numerics::scaled_mm(
+                    q.dtype,
+                    &a.codes,
+                    ActScale::PerRow(&a.scales),
+                    &q.codes,
+                    &q.weight_scale,
+                    rows,
+                    q.n,
+                    k,
+                    &epi,
+                )
             }
         };
-        let out: Vec<f32> = out.into_iter().map(|b| numerics::out_bits_to_f32(self.served, b)).collect();
+        let out: Vec<f32> = out
+            .into_iter()
+            .map(|b| numerics::out_bits_to_f32(self.served, b))
+            .collect();
         self.nonfinite += out.iter().filter(|v| !v.is_finite()).count();
         Tensor::from_vec(out, (rows, q.n), &Device::Cpu).map_err(ce(&layer.name))
     }
@@ -83,7 +115,8 @@ impl QuantizedModel {
         let mut runnable = ckpt.clone();
         for (name, l) in &spec.layers {
             let t = |key: &str| ckpt.tensors.get(&format!("{name}.{key}"));
-            let weight = t("weight").ok_or_else(|| Error::tensor(dir, format!("{name}.weight"), "missing"))?;
+            let weight = t("weight")
+                .ok_or_else(|| Error::tensor(dir, format!("{name}.weight"), "missing"))?;
             let n = weight.shape[0];
             let codes = weight.bytes().to_vec();
             let weight_scale = t("weight_scale").map(|s| s.to_f32()).unwrap_or_default();
@@ -99,17 +132,33 @@ impl QuantizedModel {
             };
             // The f32 model needs a float weight of the right shape; its values are never used.
             let k = layer.codes.len() / n;
-            let dequant: Vec<f32> = layer.codes.iter().enumerate().map(|(i, c)| numerics::decode(layer.dtype, *c) * layer.weight_scale[i / k]).collect();
-            runnable.tensors.insert(format!("{name}.weight"), crate::checkpoint::Tensor::from_f32(weight.shape.clone(), &dequant));
+            let dequant: Vec<f32> = layer
+                .codes
+                .iter()
+                .enumerate()
+                .map(|(i, c)| numerics::decode(layer.dtype, *c) * layer.weight_scale[i / k])
+                .collect();
+            runnable.tensors.insert(
+                format!("{name}.weight"),
+                crate::checkpoint::Tensor::from_f32(weight.shape.clone(), &dequant),
+            );
             layers.insert(name.clone(), layer);
         }
         runnable.config.quantization = None;
         runnable.config.format_version = 1;
-        Ok(QuantizedModel { transcriber: Transcriber::new(&runnable)?, layers, spec })
+        Ok(QuantizedModel {
+            transcriber: Transcriber::new(&runnable)?,
+            layers,
+            spec,
+        })
     }
 
     pub fn exec(&self, served: OutDtype) -> QuantizedExec<'_> {
-        QuantizedExec { layers: &self.layers, served, nonfinite: 0 }
+        QuantizedExec {
+            layers: &self.layers,
+            served,
+            nonfinite: 0,
+        }
     }
 }
 
@@ -133,22 +182,40 @@ struct AgreementSum {
 
 impl AgreementSum {
     fn add(&mut self, a: &[f32], b: &[f32]) {
-        let dot: f64 = a.iter().zip(b).map(|(x, y)| f64::from(*x) * f64::from(*y)).sum();
+        let dot: f64 = a
+            .iter()
+            .zip(b)
+            .map(|(x, y)| f64::from(*x) * f64::from(*y))
+            .sum();
         let na = a.iter().map(|x| f64::from(*x).powi(2)).sum::<f64>().sqrt();
         let nb = b.iter().map(|x| f64::from(*x).powi(2)).sum::<f64>().sqrt();
-        let cos = if na > 0.0 && nb > 0.0 { dot / (na * nb) } else { 0.0 };
+        let cos = if na > 0.0 && nb > 0.0 {
+            dot / (na * nb)
+        } else {
+            0.0
+        };
         if self.steps == 0 || cos < self.cosine_min {
             self.cosine_min = cos;
         }
         self.steps += 1;
         self.cosine_sum += cos;
-        let argmax = |v: &[f32]| v.iter().enumerate().max_by(|x, y| x.1.total_cmp(y.1)).map(|(i, _)| i);
+        let argmax = |v: &[f32]| {
+            v.iter()
+                .enumerate()
+                .max_by(|x, y| x.1.total_cmp(y.1))
+                .map(|(i, _)| i)
+        };
         self.top1_same += usize::from(argmax(a) == argmax(b));
     }
 
     fn finish(&self) -> Agreement {
         let n = self.steps.max(1) as f64;
-        Agreement { steps: self.steps, cosine_mean: self.cosine_sum / n, cosine_min: self.cosine_min, top1_agreement: self.top1_same as f64 / n }
+        Agreement {
+            steps: self.steps,
+            cosine_mean: self.cosine_sum / n,
+            cosine_min: self.cosine_min,
+            top1_agreement: self.top1_same as f64 / n,
+        }
     }
 }
 
@@ -187,11 +254,22 @@ pub struct VerifyReport {
 }
 
 /// Runs the reference and the quantized checkpoint on the first `limit` utterances of a manifest.
-pub fn verify(quantized: &Path, reference: &Path, manifest: &Manifest, limit: Option<usize>, served: OutDtype, mut progress: impl FnMut(usize, usize, &str)) -> Result<VerifyReport> {
+pub fn verify(
+    quantized: &Path,
+    reference: &Path,
+    manifest: &Manifest,
+    limit: Option<usize>,
+    served: OutDtype,
+    mut progress: impl FnMut(usize, usize, &str),
+) -> Result<VerifyReport> {
     let q = QuantizedModel::load(quantized)?;
     let r = Transcriber::new(&Checkpoint::open(reference)?)?;
     let started = std::time::Instant::now();
-    let chosen: Vec<_> = manifest.utterances.iter().take(limit.unwrap_or(usize::MAX)).collect();
+    let chosen: Vec<_> = manifest
+        .utterances
+        .iter()
+        .take(limit.unwrap_or(usize::MAX))
+        .collect();
     let (mut free, mut forced) = (AgreementSum::default(), AgreementSum::default());
     let (mut we_r, mut we_q) = (WordErrors::default(), WordErrors::default());
     let mut nonfinite = 0;
@@ -202,9 +280,27 @@ pub fn verify(quantized: &Path, reference: &Path, manifest: &Manifest, limit: Op
             let fp = r.decode(&mut FullPrecision, &samples, true)?;
             let mut exec = q.exec(served);
             let audio = q.transcriber.encode(&mut exec, &samples)?;
-            let qd = crate::models::whisper::greedy(&q.transcriber.model, &mut exec, &audio, &q.transcriber.rules, true)?;
-            let scored = teacher_forced(&q.transcriber.model, &mut exec, &audio, &q.transcriber.rules, &fp.tokens)?;
-            nonfinite += exec.nonfinite + qd.step_logits.iter().chain(&scored).flatten().filter(|v| !v.is_finite()).count();
+            let qd = crate::models::whisper::greedy(
+                &q.transcriber.model,
+                &mut exec,
+                &audio,
+                &q.transcriber.rules,
+                true,
+            )?;
+            let scored = teacher_forced(
+                &q.transcriber.model,
+                &mut exec,
+                &audio,
+                &q.transcriber.rules,
+                &fp.tokens,
+            )?;
+            nonfinite += exec.nonfinite
+                + qd.step_logits
+                    .iter()
+                    .chain(&scored)
+                    .flatten()
+                    .filter(|v| !v.is_finite())
+                    .count();
             for (a, b) in fp.step_logits.iter().zip(&qd.step_logits) {
                 free.add(a, b);
             }
@@ -216,10 +312,18 @@ pub fn verify(quantized: &Path, reference: &Path, manifest: &Manifest, limit: Op
                 we_r.add(word_errors(text, &hyp_r));
                 we_q.add(word_errors(text, &hyp_q));
             }
-            transcripts.push(VerifiedUtterance { id: u.id.clone(), reference_text: u.text.clone(), full_precision: hyp_r, quantized: hyp_q });
+            transcripts.push(VerifiedUtterance {
+                id: u.id.clone(),
+                reference_text: u.text.clone(),
+                full_precision: hyp_r,
+                quantized: hyp_q,
+            });
             Ok(())
         };
-        run().map_err(|e| Error::Utterance { id: u.id.clone(), source: Box::new(e) })?;
+        run().map_err(|e| Error::Utterance {
+            id: u.id.clone(),
+            source: Box::new(e),
+        })?;
         progress(i + 1, chosen.len(), &u.id);
     }
     let seconds = started.elapsed().as_secs_f64();

@@ -1,0 +1,65 @@
+//! The verify run on the real tiny.en and real speech: an int8 RTN checkpoint against its source.
+
+mod common;
+
+use oasr_quantize::calibration::Manifest;
+use oasr_quantize::numerics::OutDtype;
+use oasr_quantize::verify::verify;
+use oasr_quantize::Quantizer;
+
+#[test]
+fn verify_compares_the_quantized_model_with_full_precision() {
+    let tmp = tempfile::tempdir().unwrap();
+    let q = tmp.path().join("q");
+    Quantizer::new(common::tiny_en(), &q)
+        .recipe("int8_w8a8_rtn")
+        .run()
+        .unwrap();
+    let (_, gate) = common::manifests();
+    let manifest = Manifest::read(&gate, None).unwrap();
+    let report = verify(
+        &q,
+        &common::tiny_en(),
+        &manifest,
+        Some(3),
+        OutDtype::F16,
+        |_, _, _| {},
+    )
+    .unwrap();
+    assert_eq!(report.utterances, 3);
+    assert_eq!(report.nonfinite, 0);
+    assert!(report.wer_full_precision.is_some() && report.wer_delta.is_some());
+    let tf = &report.teacher_forced;
+    assert!(tf.steps > 5, "{tf:?}");
+    // Quantized numerics really ran (not a copy of the fp32 model) and stay close to it.
+    assert!(
+        tf.cosine_mean > 0.99 && tf.cosine_mean < 0.999_999,
+        "{tf:?}"
+    );
+    assert!(tf.top1_agreement > 0.9, "{tf:?}");
+    assert_eq!(report.transcripts[0].id, "added");
+
+    // A full-precision checkpoint is not something to verify.
+    let e = verify(
+        &common::tiny_en(),
+        &common::tiny_en(),
+        &manifest,
+        Some(1),
+        OutDtype::F16,
+        |_, _, _| {},
+    )
+    .err()
+    .unwrap();
+    assert!(e.to_string().contains("not a quantized checkpoint"), "{e}");
+    let (ok, _, err) = common::cli(&[
+        "verify",
+        q.to_str().unwrap(),
+        "--reference",
+        common::tiny_en().to_str().unwrap(),
+        "--manifest",
+        gate.to_str().unwrap(),
+        "--device",
+        "cuda",
+    ]);
+    assert!(!ok && err.contains("--device cuda"), "{err}");
+}
