@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
+use oasr_quantize::calibration::Manifest;
 use oasr_quantize::format::ModuleKind;
 use oasr_quantize::{Progress, Quantizer, Recipe, Stage};
 
@@ -86,18 +87,8 @@ enum Command {
     /// Transcribe a manifest with a full-precision checkpoint; reports WER when it has `text`.
     Transcribe {
         checkpoint: PathBuf,
-        /// JSON lines manifest: {"id", "audio", "text"?}.
-        #[arg(long)]
-        manifest: PathBuf,
-        /// Directory the manifest's audio paths are relative to (default: the manifest's).
-        #[arg(long)]
-        audio_root: Option<PathBuf>,
-        /// Write the full report (every transcript) as JSON to this file.
-        #[arg(long, value_name = "OUT")]
-        json: Option<PathBuf>,
-        /// Transcribe only the first N utterances.
-        #[arg(long)]
-        limit: Option<usize>,
+        #[command(flatten)]
+        run: ManifestRun,
     },
     /// Run a quantized checkpoint against its full-precision reference on a manifest: WER of both,
     /// logit cosine and top-1 agreement (free-running and teacher-forced), non-finite values.
@@ -106,24 +97,14 @@ enum Command {
         /// The full-precision checkpoint it was made from.
         #[arg(long)]
         reference: PathBuf,
-        /// JSON lines manifest: {"id", "audio", "text"?}.
-        #[arg(long)]
-        manifest: PathBuf,
-        /// Directory the manifest's audio paths are relative to (default: the manifest's).
-        #[arg(long)]
-        audio_root: Option<PathBuf>,
-        /// Write the report as JSON to this file.
-        #[arg(long, value_name = "OUT")]
-        json: Option<PathBuf>,
-        /// Verify only the first N utterances.
-        #[arg(long)]
-        limit: Option<usize>,
-        /// The dtype the quantized GEMMs round to: f16 or bf16.
-        #[arg(long, default_value = "f16")]
-        served_dtype: String,
-        /// Where the quantized GEMMs run: cpu (the reference numerics).
-        #[arg(long, default_value = "cpu")]
-        device: String,
+        #[command(flatten)]
+        run: ManifestRun,
+        /// The dtype the quantized GEMMs round to.
+        #[arg(long, value_enum, default_value_t = ServedDtype::F16)]
+        served_dtype: ServedDtype,
+        /// Where the quantized GEMMs run (cpu: the reference numerics).
+        #[arg(long, value_enum, default_value_t = VerifyDevice::Cpu)]
+        device: VerifyDevice,
     },
     /// List the built-in recipes.
     Recipes {
@@ -134,6 +115,56 @@ enum Command {
     /// Time our int8/fp8 scaled_mm against cuBLASLt on this machine's GPU (feature `cuda`).
     #[cfg(feature = "cuda")]
     BenchGemm(oasr_quantize::runtime::bench::BenchArgs),
+}
+
+/// A run over a manifest, shared by `transcribe` and `verify`.
+#[derive(Args)]
+struct ManifestRun {
+    /// JSON lines manifest: {"id", "audio", "text"?}.
+    #[arg(long)]
+    manifest: PathBuf,
+    /// Directory the manifest's audio paths are relative to (default: the manifest's).
+    #[arg(long)]
+    audio_root: Option<PathBuf>,
+    /// Write the full report as JSON to this file.
+    #[arg(long, value_name = "OUT")]
+    json: Option<PathBuf>,
+    /// Run only the first N utterances.
+    #[arg(long)]
+    limit: Option<usize>,
+}
+
+impl ManifestRun {
+    /// Reads the manifest and makes a progress bar over the utterances that will run.
+    fn start(&self, prefix: &'static str) -> Result<(Manifest, ProgressBar)> {
+        let manifest = Manifest::read(&self.manifest, self.audio_root.as_deref())?;
+        let bar = utterance_bar(
+            self.limit
+                .unwrap_or(usize::MAX)
+                .min(manifest.utterances.len()),
+        );
+        bar.set_prefix(prefix);
+        Ok((manifest, bar))
+    }
+
+    fn write_json(&self, report: &impl serde::Serialize) -> Result<()> {
+        if let Some(path) = &self.json {
+            oasr_quantize::checkpoint::write_json(path, report)?;
+        }
+        Ok(())
+    }
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum ServedDtype {
+    F16,
+    Bf16,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum VerifyDevice {
+    Cpu,
+    Cuda,
 }
 
 fn main() -> ExitCode {
@@ -149,35 +180,17 @@ fn main() -> ExitCode {
         Some(Command::Verify {
             quantized,
             reference,
-            manifest,
-            audio_root,
-            json,
-            limit,
+            run,
             served_dtype,
             device,
-        }) => verify(
-            quantized,
-            reference,
-            manifest,
-            audio_root,
-            json,
-            limit,
-            &served_dtype,
-            &device,
-        ),
+        }) => verify(quantized, reference, run, served_dtype, device),
         #[cfg(feature = "cuda")]
         Some(Command::BenchGemm(args)) => {
             oasr_quantize::runtime::bench::run_cli(&args, |line| eprintln!("{line}"))
                 .map(|table| print!("{table}"))
                 .map_err(Into::into)
         }
-        Some(Command::Transcribe {
-            checkpoint,
-            manifest,
-            audio_root,
-            json,
-            limit,
-        }) => transcribe(checkpoint, manifest, audio_root, json, limit),
+        Some(Command::Transcribe { checkpoint, run }) => transcribe(checkpoint, run),
         None => quantize(cli.quantize),
     };
     match result {
@@ -365,20 +378,12 @@ fn utterance_bar(total: usize) -> ProgressBar {
     bar
 }
 
-fn transcribe(
-    checkpoint: PathBuf,
-    manifest: PathBuf,
-    audio_root: Option<PathBuf>,
-    json: Option<PathBuf>,
-    limit: Option<usize>,
-) -> Result<()> {
-    let manifest = oasr_quantize::calibration::Manifest::read(&manifest, audio_root.as_deref())?;
-    let bar = utterance_bar(limit.unwrap_or(usize::MAX).min(manifest.utterances.len()));
-    bar.set_prefix("transcribing");
+fn transcribe(checkpoint: PathBuf, run: ManifestRun) -> Result<()> {
+    let (manifest, bar) = run.start("transcribing")?;
     let report = oasr_quantize::transcribe::transcribe_manifest(
         &checkpoint,
         &manifest,
-        limit,
+        run.limit,
         |done, _, id| {
             bar.set_position(done as u64);
             bar.set_message(id.to_string());
@@ -406,42 +411,30 @@ fn transcribe(
         "{:.2} utterances/s ({:.1} s)",
         report.utterances_per_second, report.seconds
     );
-    if let Some(path) = json {
-        oasr_quantize::checkpoint::write_json(&path, &report)?;
-    }
-    Ok(())
+    run.write_json(&report)
 }
 
-#[allow(clippy::too_many_arguments)]
 fn verify(
     quantized: PathBuf,
     reference: PathBuf,
-    manifest: PathBuf,
-    audio_root: Option<PathBuf>,
-    json: Option<PathBuf>,
-    limit: Option<usize>,
-    served: &str,
-    device: &str,
+    run: ManifestRun,
+    served: ServedDtype,
+    device: VerifyDevice,
 ) -> Result<()> {
     use oasr_quantize::numerics::OutDtype;
     let served = match served {
-        "f16" => OutDtype::F16,
-        "bf16" => OutDtype::Bf16,
-        other => anyhow::bail!("--served-dtype {other}: expected f16 or bf16"),
+        ServedDtype::F16 => OutDtype::F16,
+        ServedDtype::Bf16 => OutDtype::Bf16,
     };
-    match device {
-        "cpu" => {}
-        "cuda" => anyhow::bail!("--device cuda: the verify run's CUDA lane is not implemented in this version; the kernels are (see docs/cuda.md); use --device cpu"),
-        other => anyhow::bail!("--device {other}: expected cpu"),
+    if let VerifyDevice::Cuda = device {
+        anyhow::bail!("--device cuda: the verify run's CUDA lane is not implemented in this version; the kernels are (see docs/cuda.md); use --device cpu");
     }
-    let manifest = oasr_quantize::calibration::Manifest::read(&manifest, audio_root.as_deref())?;
-    let bar = utterance_bar(limit.unwrap_or(usize::MAX).min(manifest.utterances.len()));
-    bar.set_prefix("verifying");
+    let (manifest, bar) = run.start("verifying")?;
     let report = oasr_quantize::verify::verify(
         &quantized,
         &reference,
         &manifest,
-        limit,
+        run.limit,
         served,
         |done, _, id| {
             bar.set_position(done as u64);
@@ -474,10 +467,7 @@ fn verify(
         "{:.2} utterances/s (both models, {:.1} s)",
         report.utterances_per_second, report.seconds
     );
-    if let Some(path) = json {
-        oasr_quantize::checkpoint::write_json(&path, &report)?;
-    }
-    Ok(())
+    run.write_json(&report)
 }
 
 fn recipes(json: bool) -> Result<()> {

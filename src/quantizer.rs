@@ -309,26 +309,23 @@ impl Quantizer {
                     let w = working.get(&entry.name)?;
                     let q = rtn::quantize_weight(&w, n, w.len() / n, dtype);
                     let group = smoothing.of(&layer.name);
-                    let range = |v: &[f32]| {
-                        (
-                            v.iter().copied().fold(f32::INFINITY, f32::min),
-                            v.iter().copied().fold(f32::NEG_INFINITY, f32::max),
-                        )
-                    };
+                    let (scale_min, scale_max) = min_max(&q.scales);
+                    let factors = group.map(|g| min_max(&g.factors));
+                    let absmax = group.map(|g| min_max(&g.input_absmax));
                     reports.push(LayerReport {
                         name: layer.name.clone(),
                         scheme: recipe.scheme,
                         kind: layer.kind,
                         shape: entry.shape.clone(),
-                        weight_scale_min: range(&q.scales).0,
-                        weight_scale_max: range(&q.scales).1,
+                        weight_scale_min: scale_min,
+                        weight_scale_max: scale_max,
                         relative_weight_error: q.relative_error,
                         smooth: group.map_or(SmoothFold::None, |g| g.fold),
                         smoothed_into: group.and_then(|g| g.smoothed_into.clone()),
-                        smoothing_factor_min: group.map(|g| range(&g.factors).0),
-                        smoothing_factor_max: group.map(|g| range(&g.factors).1),
-                        input_absmax_min: group.map(|g| range(&g.input_absmax).0),
-                        input_absmax_max: group.map(|g| range(&g.input_absmax).1),
+                        smoothing_factor_min: factors.map(|r| r.0),
+                        smoothing_factor_max: factors.map(|r| r.1),
+                        input_absmax_min: absmax.map(|r| r.0),
+                        input_absmax_max: absmax.map(|r| r.1),
                     });
                     scales.insert(layer.name.clone(), q.scales);
                     return Ok(Tensor::from_bytes(
@@ -429,6 +426,14 @@ impl Quantizer {
             },
         )
     }
+}
+
+/// The smallest and largest value.
+fn min_max(v: &[f32]) -> (f32, f32) {
+    v.iter()
+        .fold((f32::INFINITY, f32::NEG_INFINITY), |(lo, hi), x| {
+            (lo.min(*x), hi.max(*x))
+        })
 }
 
 fn code_dtype(dtype: QuantDtype) -> DType {

@@ -86,14 +86,10 @@ pub fn plan(
             let name = format!("{consumer}.weight");
             let w = tensors.get(&name)?;
             if w.len() % k != 0 {
-                return Err(Error::tensor(
-                    &name,
-                    &name,
-                    format!(
-                        "{} values do not form rows of the {k} observed input channels",
-                        w.len()
-                    ),
-                ));
+                return Err(Error::LayerRefused {
+                    layer: consumer.clone(),
+                    reason: format!("its weight has {} values, which do not form rows of the {k} observed input channels", w.len()),
+                });
             }
             for row in w.chunks_exact(k) {
                 for (m, v) in w_max.iter_mut().zip(row) {

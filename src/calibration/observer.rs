@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use candle_core::Tensor;
 
 use crate::error::Result;
-use crate::models::whisper::forward::{ce, Linear, LinearExec};
+use crate::models::whisper::forward::{ce, to_vec, Linear, LinearExec};
 
 /// Something that records statistics of the inputs of named GEMMs.
 pub trait Observer: Send {
@@ -64,10 +64,7 @@ pub struct ObservingExec<'a, O: Observer, E: LinearExec> {
 impl<O: Observer, E: LinearExec> LinearExec for ObservingExec<'_, O, E> {
     fn linear(&mut self, layer: &Linear, x: &Tensor) -> Result<Tensor> {
         let (_, cols) = x.dims2().map_err(ce(&layer.name))?;
-        let values = x
-            .flatten_all()
-            .and_then(|f| f.to_vec1::<f32>())
-            .map_err(ce(&layer.name))?;
+        let values = to_vec(x, &layer.name)?;
         self.observer.observe(&layer.name, &values, cols);
         self.inner.linear(layer, x)
     }

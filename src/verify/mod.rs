@@ -14,7 +14,7 @@ use crate::calibration::Manifest;
 use crate::checkpoint::Checkpoint;
 use crate::error::{Error, Result};
 use crate::format::{QuantDtype, QuantizationSpec};
-use crate::models::whisper::forward::{ce, Linear, LinearExec};
+use crate::models::whisper::forward::{ce, to_vec, Linear, LinearExec};
 use crate::models::whisper::{teacher_forced, FullPrecision};
 use crate::numerics::{self, ActScale, Activation, GemmEpilogue, OutDtype};
 use crate::transcribe::Transcriber;
@@ -47,10 +47,7 @@ impl LinearExec for QuantizedExec<'_> {
             return layer.forward(x);
         };
         let (rows, k) = x.dims2().map_err(ce(&layer.name))?;
-        let values = x
-            .flatten_all()
-            .and_then(|f| f.to_vec1::<f32>())
-            .map_err(ce(&layer.name))?;
+        let values = to_vec(x, &layer.name)?;
         let smooth = q.smooth_inv.as_deref();
         let epi = GemmEpilogue {
             bias: q.bias.as_deref(),

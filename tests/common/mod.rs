@@ -107,22 +107,3 @@ pub fn manifests() -> (PathBuf, PathBuf) {
     );
     (calib, gate)
 }
-
-/// The first `n` lines of a manifest, written beside it (so relative audio paths still resolve).
-pub fn manifest_head(manifest: &Path, n: usize, tmp: &Path) -> PathBuf {
-    let text = std::fs::read_to_string(manifest).unwrap();
-    let root = manifest.parent().unwrap();
-    let lines: Vec<String> = text
-        .lines()
-        .take(n)
-        .map(|l| {
-            let mut v: serde_json::Value = serde_json::from_str(l).unwrap();
-            let audio = root.join(v["audio"].as_str().unwrap());
-            v["audio"] = serde_json::Value::String(audio.to_string_lossy().into_owned());
-            v.to_string()
-        })
-        .collect();
-    let path = tmp.join(format!("head{n}.jsonl"));
-    std::fs::write(&path, lines.join("\n")).unwrap();
-    path
-}

@@ -209,7 +209,8 @@ fn attention_core(
     merged
 }
 
-fn to_vec(x: &Tensor, what: &str) -> Result<Vec<f32>> {
+/// A tensor's values, row-major.
+pub(crate) fn to_vec(x: &Tensor, what: &str) -> Result<Vec<f32>> {
     x.flatten_all()
         .and_then(|f| f.to_vec1::<f32>())
         .map_err(ce(what))
