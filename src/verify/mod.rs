@@ -93,8 +93,8 @@ impl LinearExec for QuantizedExec<'_> {
     }
 }
 
-/// A quantized checkpoint made runnable: the model (quantized layers dequantized, only for shapes)
-/// and the quantized layers.
+/// A quantized checkpoint made runnable: the f32 model (quantized layers as zero placeholders,
+/// only for their shapes) and the quantized layers.
 pub struct QuantizedModel {
     pub transcriber: Transcriber,
     layers: BTreeMap<String, QuantizedLayer>,
@@ -127,17 +127,12 @@ impl QuantizedModel {
                 weight_scale,
                 codes,
             };
-            // The f32 model needs a float weight of the right shape; its values are never used.
-            let k = layer.codes.len() / n;
-            let dequant: Vec<f32> = layer
-                .codes
-                .iter()
-                .enumerate()
-                .map(|(i, c)| numerics::decode(layer.dtype, *c) * layer.weight_scale[i / k])
-                .collect();
+            // The f32 model needs a float weight of the right shape to load; QuantizedExec runs
+            // every quantized layer, so its values are never read.
+            let placeholder = vec![0f32; layer.codes.len()];
             runnable.tensors.insert(
                 format!("{name}.weight"),
-                crate::checkpoint::Tensor::from_f32(weight.shape.clone(), &dequant),
+                crate::checkpoint::Tensor::from_f32(weight.shape.clone(), &placeholder),
             );
             layers.insert(name.clone(), layer);
         }
