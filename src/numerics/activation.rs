@@ -64,12 +64,70 @@ pub fn swish(v: f32) -> f32 {
 /// `(0.5 * v) * (1 + erf_f32(v * FRAC_1_SQRT_2))`, error below 2e-7 · |v| (tested). For
 /// v ≤ -5.55 the erf rounds to -1 and the result is -0.0 (as in an f32 PyTorch GELU); NaN stays
 /// NaN.
-#[inline]
+#[inline(always)]
 pub fn gelu(v: f32) -> f32 {
     let u = v * std::f32::consts::FRAC_1_SQRT_2;
     let e = erf_f32(u);
     let h = 0.5 * v;
     h * (1.0 + e)
+}
+
+/// [`gelu`] of every element, in place, on the widest vector unit this CPU has (the same bits).
+pub fn gelu_in_place(xs: &mut [f32]) {
+    super::kernels::gelu_kernel()(xs)
+}
+
+/// The softmax of one row, in place: max, `exp_f32(x - max)`, a sum in 16 fixed lanes (so the
+/// result never depends on the vector width), then each value divided by the sum. An empty row
+/// is left alone.
+pub fn softmax_in_place(row: &mut [f32]) {
+    super::kernels::softmax_kernel()(row)
+}
+
+#[inline(always)]
+pub(super) fn gelu_body(xs: &mut [f32]) {
+    for v in xs.iter_mut() {
+        *v = gelu(*v);
+    }
+}
+
+/// Lanes of the softmax reductions.
+const SOFTMAX_LANES: usize = 16;
+
+#[inline(always)]
+pub(super) fn softmax_body(row: &mut [f32]) {
+    const L: usize = SOFTMAX_LANES;
+    let mut lanes = [f32::NEG_INFINITY; L];
+    let chunks = row.chunks_exact(L);
+    let mut max = chunks
+        .remainder()
+        .iter()
+        .copied()
+        .fold(f32::NEG_INFINITY, f32::max);
+    for c in chunks {
+        for l in 0..L {
+            lanes[l] = lanes[l].max(c[l]);
+        }
+    }
+    max = lanes.iter().copied().fold(max, f32::max);
+    let mut sums = [0f32; L];
+    let mut chunks = row.chunks_exact_mut(L);
+    for c in &mut chunks {
+        for l in 0..L {
+            let e = exp_f32(c[l] - max);
+            c[l] = e;
+            sums[l] += e;
+        }
+    }
+    let mut tail = 0f32;
+    for v in chunks.into_remainder() {
+        *v = exp_f32(*v - max);
+        tail += *v;
+    }
+    let sum = sums.iter().sum::<f32>() + tail;
+    for v in row.iter_mut() {
+        *v /= sum;
+    }
 }
 
 /// Inputs below this give +0.0 (exp(-104) is under half the smallest subnormal).
@@ -94,9 +152,9 @@ const EXP_P: [f32; 6] = [
 ];
 
 /// 2^e as f32 for e in -126..=127, from exponent bits.
-#[inline]
+#[inline(always)]
 fn pow2i(e: i32) -> f32 {
-    f32::from_bits(((e + 127) as u32) << 23)
+    f32::from_bits((e.wrapping_add(127) as u32) << 23)
 }
 
 /// e^x in f32 from `+ - * /` and bit operations only: under 1 ulp from the true value over the
@@ -116,24 +174,31 @@ fn pow2i(e: i32) -> f32 {
 ///
 /// The two-step scaling covers n in -150..=128 with a single rounding, so subnormal results are
 /// rounded once and x ≥ 88.7228394 overflows to +inf.
+#[inline(always)]
 pub fn exp_f32(x: f32) -> f32 {
-    if x.is_nan() {
-        return x;
-    }
-    let x = x.clamp(EXP_INPUT_MIN, EXP_INPUT_MAX);
-    let t = x * LOG2E;
-    let nf = (t + ROUND_MAGIC) - ROUND_MAGIC;
-    let r = (x - nf * LN2_HI) - nf * LN2_LO;
+    let c = x.clamp(EXP_INPUT_MIN, EXP_INPUT_MAX);
+    let t = c * LOG2E;
+    let big = t + ROUND_MAGIC;
+    let nf = big - ROUND_MAGIC;
+    let r = (c - nf * LN2_HI) - nf * LN2_LO;
     let z = r * r;
     let mut p = EXP_P[0];
-    for &c in &EXP_P[1..] {
-        p = p * r + c;
+    for &k in &EXP_P[1..] {
+        p = p * r + k;
     }
     let p = ((p * z) + r) + 1.0;
-    let n = nf as i32;
+    // n = nf, read from the low mantissa bits of `big` (ulp 1 there): the same integer as
+    // `nf as i32`, without the saturating conversion that keeps this loop from vectorising.
+    let n = (big.to_bits() as i32).wrapping_sub(ROUND_MAGIC.to_bits() as i32);
     let n1 = n >> 1;
-    let n2 = n - n1;
-    (p * pow2i(n1)) * pow2i(n2)
+    let n2 = n.wrapping_sub(n1);
+    let y = (p * pow2i(n1)) * pow2i(n2);
+    // A select, not an early return, so loops over slices vectorise.
+    if x.is_nan() {
+        x
+    } else {
+        y
+    }
 }
 
 /// Below this |x|, erf uses its Taylor series; from it on, Abramowitz–Stegun 7.1.26.
@@ -177,20 +242,16 @@ const ERF_A: [f32; 5] = [
 /// ```
 ///
 /// |x| ≥ 3.92 gives exactly ±1.
+#[inline(always)]
 pub fn erf_f32(x: f32) -> f32 {
-    if x.is_nan() {
-        return x;
-    }
     let bits = x.to_bits();
     let a = f32::from_bits(bits & 0x7FFF_FFFF);
-    if a < ERF_SERIES_MAX {
-        let z = x * x;
-        let mut s = ERF_S[6];
-        for &c in ERF_S[..6].iter().rev() {
-            s = s * z + c;
-        }
-        return x * s;
+    let z = x * x;
+    let mut s = ERF_S[6];
+    for &c in ERF_S[..6].iter().rev() {
+        s = s * z + c;
     }
+    let series = x * s;
     let t = 1.0 / (1.0 + ERF_P * a);
     let mut q = ERF_A[4];
     for &c in ERF_A[..4].iter().rev() {
@@ -199,7 +260,14 @@ pub fn erf_f32(x: f32) -> f32 {
     let q = q * t;
     let e = exp_f32(-(a * a));
     let y = 1.0 - q * e;
-    f32::from_bits((y.to_bits() & 0x7FFF_FFFF) | (bits & 0x8000_0000))
+    let tail = f32::from_bits((y.to_bits() & 0x7FFF_FFFF) | (bits & 0x8000_0000));
+    // Both branches are computed and one selected, so loops over slices vectorise.
+    let r = if a < ERF_SERIES_MAX { series } else { tail };
+    if x.is_nan() {
+        x
+    } else {
+        r
+    }
 }
 
 #[cfg(test)]

@@ -71,9 +71,33 @@ fn fp8_tile_portable(p: &Fp8Panel, j0: usize, nt: usize, acc: &mut [f32]) {
     fp8_tile_body(p, j0, nt, acc)
 }
 
+/// A slice operation that works in place.
+pub(super) type InPlace = fn(&mut [f32]);
+
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use super::*;
+    use crate::numerics::activation::{gelu_body, softmax_body};
+
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn gelu_avx2(xs: &mut [f32]) {
+        gelu_body(xs)
+    }
+
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn gelu_avx512(xs: &mut [f32]) {
+        gelu_body(xs)
+    }
+
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn softmax_avx2(row: &mut [f32]) {
+        softmax_body(row)
+    }
+
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn softmax_avx512(row: &mut [f32]) {
+        softmax_body(row)
+    }
 
     #[target_feature(enable = "avx2")]
     pub(super) unsafe fn dot_i8_avx2(a: &[u8], w: &[u8]) -> i32 {
@@ -128,6 +152,38 @@ pub(super) fn fp8_tile_kernel() -> Fp8Tile {
     fp8_tile_portable
 }
 
+/// The fastest GELU-in-place this CPU runs.
+pub(super) fn gelu_kernel() -> InPlace {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if is_x86_feature_detected!("avx512f") {
+            // SAFETY: the CPU was just checked to support AVX-512F.
+            return |xs| unsafe { x86::gelu_avx512(xs) };
+        }
+        if is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU was just checked to support AVX2.
+            return |xs| unsafe { x86::gelu_avx2(xs) };
+        }
+    }
+    crate::numerics::activation::gelu_body
+}
+
+/// The fastest row softmax this CPU runs.
+pub(super) fn softmax_kernel() -> InPlace {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if is_x86_feature_detected!("avx512f") {
+            // SAFETY: the CPU was just checked to support AVX-512F.
+            return |row| unsafe { x86::softmax_avx512(row) };
+        }
+        if is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU was just checked to support AVX2.
+            return |row| unsafe { x86::softmax_avx2(row) };
+        }
+    }
+    crate::numerics::activation::softmax_body
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -172,5 +228,48 @@ mod tests {
             .iter()
             .zip(&want)
             .all(|(x, y)| x.to_bits() == y.to_bits()));
+    }
+
+    /// The vectorised GELU gives the scalar [`gelu`] bits element for element (NaN, infinities,
+    /// subnormals and both erf branches included), and the softmax the portable bits.
+    #[test]
+    fn vector_activations_match_scalar() {
+        use crate::numerics::activation::{gelu, softmax_body};
+        let mut xs: Vec<f32> = (0..20_000)
+            .map(|i| f32::from_bits((i as u32).wrapping_mul(2_654_435_761)))
+            .collect();
+        xs.extend((-2000..2000).map(|i| i as f32 * 0.005));
+        xs.extend([
+            f32::NAN,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            0.0,
+            -0.0,
+            1e-40,
+            -1e-40,
+        ]);
+        let mut got = xs.clone();
+        gelu_kernel()(&mut got);
+        for (x, g) in xs.iter().zip(&got) {
+            let want = gelu(*x);
+            assert!(
+                g.to_bits() == want.to_bits() || (g.is_nan() && want.is_nan()),
+                "gelu({x:e}): {g:e} != {want:e}"
+            );
+        }
+        for len in [1, 15, 16, 17, 100, 1500] {
+            let row: Vec<f32> = (0..len)
+                .map(|i| ((i * 37) % 101) as f32 * 0.3 - 12.0)
+                .collect();
+            let (mut got, mut want) = (row.clone(), row.clone());
+            softmax_kernel()(&mut got);
+            softmax_body(&mut want);
+            assert!(got
+                .iter()
+                .zip(&want)
+                .all(|(a, b)| a.to_bits() == b.to_bits()));
+            let sum: f32 = got.iter().sum();
+            assert!((sum - 1.0).abs() < 1e-5, "len {len}: sum {sum}");
+        }
     }
 }

@@ -13,8 +13,8 @@ mod quantize;
 mod rounding;
 
 pub use activation::{
-    activate, erf_f32, exp_f32, gelu, relu, swish, Activation, ERF_SERIES_MAX, EXP_INPUT_MAX,
-    EXP_INPUT_MIN,
+    activate, erf_f32, exp_f32, gelu, gelu_in_place, relu, softmax_in_place, swish, Activation,
+    ERF_SERIES_MAX, EXP_INPUT_MAX, EXP_INPUT_MIN,
 };
 pub use e4m3::{e4m3_decode, e4m3_decode_table, e4m3_encode, E4M3_MAX, E4M3_MAX_CODE};
 pub use gemm::{epilogue_value, scaled_mm, scaled_mm_quant, ActScale, GemmEpilogue, INT8_MAX_K};

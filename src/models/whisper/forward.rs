@@ -130,6 +130,12 @@ unsafe fn strided_gemm(
     );
 }
 
+thread_local! {
+    /// Each thread's attention-score matrix, reused: a fresh 9 MB buffer per head and layer
+    /// cost page faults and zeroing on every call.
+    static SCORES: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 /// Scaled dot-product attention of every head, straight from `[rows, heads · dh]` layouts:
 /// `q` is `[T, D]`, `k` and `v` are `[S, D]`; query `i` sees keys `0..=causal_start + i` when
 /// causal, all keys otherwise. Returns the heads merged, `[T, D]`. Heads run in parallel.
@@ -147,57 +153,56 @@ fn attention_core(
     let per_head: Vec<Vec<f32>> = (0..heads)
         .into_par_iter()
         .map(|h| {
-            let mut scores = vec![0f32; t * s];
-            // SAFETY: q_h is [t, dh] at offset h·dh with row stride d; k_hᵀ is [dh, s] with
-            // element (c, j) at j·d + h·dh + c; scores is [t, s] row-major. All in bounds.
-            unsafe {
-                strided_gemm(
-                    t,
-                    s,
-                    dh,
-                    scores.as_mut_ptr(),
-                    s,
-                    q.as_ptr().add(h * dh),
-                    d,
-                    1,
-                    k.as_ptr().add(h * dh),
-                    1,
-                    d,
-                    scale,
-                )
-            };
-            for (i, row) in scores.chunks_exact_mut(s).enumerate() {
-                let visible = causal_start.map_or(s, |start| (start + i + 1).min(s));
-                let (seen, hidden) = row.split_at_mut(visible);
-                let max = seen.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                let mut sum = 0f32;
-                for p in seen.iter_mut() {
-                    *p = (*p - max).exp();
-                    sum += *p;
+            SCORES.with_borrow_mut(|buffer| {
+                if buffer.len() < t * s {
+                    buffer.resize(t * s, 0.0);
                 }
-                seen.iter_mut().for_each(|p| *p /= sum);
-                hidden.fill(0.0);
-            }
-            let mut out = vec![0f32; t * dh];
-            // SAFETY: scores is [t, s]; v_h is [s, dh] at offset h·dh with row stride d; out is
-            // [t, dh] row-major. All in bounds.
-            unsafe {
-                strided_gemm(
-                    t,
-                    dh,
-                    s,
-                    out.as_mut_ptr(),
-                    dh,
-                    scores.as_ptr(),
-                    s,
-                    1,
-                    v.as_ptr().add(h * dh),
-                    d,
-                    1,
-                    1.0,
-                )
-            };
-            out
+                let scores = &mut buffer[..t * s];
+                // SAFETY: q_h is [t, dh] at offset h·dh with row stride d; k_hᵀ is [dh, s] with
+                // element (c, j) at j·d + h·dh + c; scores is [t, s] row-major. All in bounds.
+                unsafe {
+                    strided_gemm(
+                        t,
+                        s,
+                        dh,
+                        scores.as_mut_ptr(),
+                        s,
+                        q.as_ptr().add(h * dh),
+                        d,
+                        1,
+                        k.as_ptr().add(h * dh),
+                        1,
+                        d,
+                        scale,
+                    )
+                };
+                for (i, row) in scores.chunks_exact_mut(s).enumerate() {
+                    let visible = causal_start.map_or(s, |start| (start + i + 1).min(s));
+                    let (seen, hidden) = row.split_at_mut(visible);
+                    crate::numerics::softmax_in_place(seen);
+                    hidden.fill(0.0);
+                }
+                let mut out = vec![0f32; t * dh];
+                // SAFETY: scores is [t, s]; v_h is [s, dh] at offset h·dh with row stride d; out is
+                // [t, dh] row-major. All in bounds.
+                unsafe {
+                    strided_gemm(
+                        t,
+                        dh,
+                        s,
+                        out.as_mut_ptr(),
+                        dh,
+                        scores.as_ptr(),
+                        s,
+                        1,
+                        v.as_ptr().add(h * dh),
+                        d,
+                        1,
+                        1.0,
+                    )
+                };
+                out
+            })
         })
         .collect();
     let mut merged = vec![0f32; t * d];
@@ -214,6 +219,15 @@ pub(crate) fn to_vec(x: &Tensor, what: &str) -> Result<Vec<f32>> {
     x.flatten_all()
         .and_then(|f| f.to_vec1::<f32>())
         .map_err(ce(what))
+}
+
+/// The exact-erf GELU of every element, with the reference numerics' `erf` (vectorised; libm's
+/// scalar `erff` made GELU a tenth of the forward).
+fn gelu(x: Tensor, what: &str) -> Result<Tensor> {
+    let shape = x.shape().clone();
+    let mut values = to_vec(&x, what)?;
+    crate::numerics::gelu_in_place(&mut values);
+    Tensor::from_vec(values, shape, &Device::Cpu).map_err(ce(what))
 }
 
 /// Keys and values of one attention, `[S, D]` row-major.
@@ -265,7 +279,7 @@ struct Ffn {
 impl Ffn {
     fn forward(&self, exec: &mut dyn LinearExec, x: &Tensor) -> Result<Tensor> {
         let h = exec.linear(&self.fc1, &self.norm.forward(x)?)?;
-        let h = h.gelu_erf().map_err(ce(&self.fc1.name))?;
+        let h = gelu(h, &self.fc1.name)?;
         exec.linear(&self.fc2, &h)
     }
 }
@@ -493,14 +507,8 @@ impl Whisper {
             .and_then(|t| t.t())
             .and_then(|t| t.contiguous())
             .map_err(ce(what))?;
-        let x = exec
-            .linear(&self.conv1, &im2col3(&x, 1, what)?)?
-            .gelu_erf()
-            .map_err(ce(what))?;
-        let x = exec
-            .linear(&self.conv2, &im2col3(&x, 2, what)?)?
-            .gelu_erf()
-            .map_err(ce(what))?;
+        let x = gelu(exec.linear(&self.conv1, &im2col3(&x, 1, what)?)?, what)?;
+        let x = gelu(exec.linear(&self.conv2, &im2col3(&x, 2, what)?)?, what)?;
         let len = x.dim(0).map_err(ce(what))?;
         if len > self.config.max_source_positions {
             return Err(Error::Model {
