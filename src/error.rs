@@ -40,6 +40,13 @@ pub enum Error {
     /// A known feature this version does not implement; refused by name rather than faked.
     #[error("{what} is not implemented in this version of oasr-quantize: {detail}")]
     NotImplemented { what: String, detail: String },
+    /// A failure while regenerating or verifying one entry of a gate file.
+    #[error("gate entry `{entry}`: {source}")]
+    GateEntry {
+        entry: String,
+        #[source]
+        source: Box<Error>,
+    },
     /// A failure while processing one utterance of a manifest.
     #[error("utterance `{id}`: {source}")]
     Utterance {

@@ -10,6 +10,7 @@ pub mod checkpoint;
 pub mod error;
 pub mod format;
 pub mod frontend;
+pub mod gate;
 mod hashing;
 pub mod inspect;
 mod links;

@@ -106,6 +106,31 @@ enum Command {
         #[arg(long, value_enum, default_value_t = VerifyDevice::Cpu)]
         device: VerifyDevice,
     },
+    /// Regenerate every gated checkpoint of a gate file and verify it on the gate manifest; fails
+    /// when a WER exceeds its recorded reference plus the tolerance.
+    Gate {
+        /// The gate file, e.g. calib/gate.toml.
+        config: PathBuf,
+        /// Which profile of the gate file to run (e.g. `full`, or `ci` for the CI subset).
+        #[arg(long, default_value = "full")]
+        profile: String,
+        /// Run only this entry (repeatable).
+        #[arg(long, value_name = "ENTRY")]
+        only: Vec<String>,
+        /// Record the measured WERs as this profile's references in the gate file. Never
+        /// automatic: a reference moves only when someone asks.
+        #[arg(long)]
+        record: bool,
+        /// Keep the regenerated checkpoints in DIR (default: a temporary directory, removed).
+        #[arg(long, value_name = "DIR")]
+        keep: Option<PathBuf>,
+        /// Write the full report as JSON to this file.
+        #[arg(long, value_name = "OUT")]
+        json: Option<PathBuf>,
+        /// The dtype the quantized GEMMs round to.
+        #[arg(long, value_enum, default_value_t = ServedDtype::F16)]
+        served_dtype: ServedDtype,
+    },
     /// List the built-in recipes.
     Recipes {
         /// Print JSON instead of text.
@@ -161,6 +186,15 @@ enum ServedDtype {
     Bf16,
 }
 
+impl From<ServedDtype> for oasr_quantize::numerics::OutDtype {
+    fn from(d: ServedDtype) -> Self {
+        match d {
+            ServedDtype::F16 => Self::F16,
+            ServedDtype::Bf16 => Self::Bf16,
+        }
+    }
+}
+
 #[derive(Clone, Copy, clap::ValueEnum)]
 enum VerifyDevice {
     Cpu,
@@ -184,6 +218,23 @@ fn main() -> ExitCode {
             served_dtype,
             device,
         }) => verify(quantized, reference, run, served_dtype, device),
+        Some(Command::Gate {
+            config,
+            profile,
+            only,
+            record,
+            keep,
+            json,
+            served_dtype,
+        }) => gate(GateArgs {
+            config,
+            profile,
+            only,
+            record,
+            keep,
+            json,
+            served: served_dtype.into(),
+        }),
         #[cfg(feature = "cuda")]
         Some(Command::BenchGemm(args)) => {
             oasr_quantize::runtime::bench::run_cli(&args, |line| eprintln!("{line}"))
@@ -421,11 +472,6 @@ fn verify(
     served: ServedDtype,
     device: VerifyDevice,
 ) -> Result<()> {
-    use oasr_quantize::numerics::OutDtype;
-    let served = match served {
-        ServedDtype::F16 => OutDtype::F16,
-        ServedDtype::Bf16 => OutDtype::Bf16,
-    };
     if let VerifyDevice::Cuda = device {
         anyhow::bail!("--device cuda: the verify run's CUDA lane is not implemented in this version; the kernels are (see docs/cuda.md); use --device cpu");
     }
@@ -435,7 +481,7 @@ fn verify(
         &reference,
         &manifest,
         run.limit,
-        served,
+        served.into(),
         |done, _, id| {
             bar.set_position(done as u64);
             bar.set_message(id.to_string());
@@ -480,6 +526,106 @@ fn recipes(json: bool) -> Result<()> {
     let width = all.iter().map(|r| r.name.len()).max().unwrap_or(0);
     for r in &all {
         println!("{:width$}  {}", r.name, r.summary);
+    }
+    Ok(())
+}
+
+struct GateArgs {
+    config: PathBuf,
+    profile: String,
+    only: Vec<String>,
+    record: bool,
+    keep: Option<PathBuf>,
+    json: Option<PathBuf>,
+    served: oasr_quantize::numerics::OutDtype,
+}
+
+fn gate(args: GateArgs) -> Result<()> {
+    use oasr_quantize::gate::{self, GateConfig, GateOptions, GateProgress};
+    let config = GateConfig::load(&args.config)?;
+    let work_dir = args
+        .keep
+        .clone()
+        .unwrap_or_else(|| std::env::temp_dir().join(format!("oasr-gate-{}", std::process::id())));
+    let bar = ProgressBar::new(0);
+    bar.set_style(
+        ProgressStyle::with_template("{prefix:>28} [{bar:30}] {pos}/{len} {per_sec} ETA {eta}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> "),
+    );
+    let shown = bar.clone();
+    let progress = std::sync::Arc::new(move |p: &GateProgress| {
+        let prefix = format!("{} {}", p.entry, p.stage);
+        if shown.prefix() != prefix {
+            shown.reset();
+            shown.set_prefix(prefix);
+        }
+        shown.set_length(p.total);
+        shown.set_position(p.done);
+    });
+    let options = GateOptions {
+        profile: args.profile.clone(),
+        only: args.only.clone(),
+        work_dir: work_dir.clone(),
+        served: args.served,
+    };
+    let result = gate::run_gate(&config, &options, progress);
+    bar.finish_and_clear();
+    if args.keep.is_none() {
+        let _ = std::fs::remove_dir_all(&work_dir);
+    }
+    let report = result?;
+    println!(
+        "gate {} (profile {}): {} utterances, tolerance {:.2} WER points",
+        config.path.display(),
+        report.profile,
+        report.gate_utterances,
+        report.tolerance
+    );
+    println!(
+        "{:<24} {:>7} {:>7} {:>7} {:>7}  {:>9} {:>9} {:>7}  result",
+        "entry", "WER fp", "WER q", "ref", "q - fp", "cos mean", "cos min", "top-1"
+    );
+    for r in &report.results {
+        let reference = r
+            .reference_wer
+            .map_or("-".to_string(), |v| format!("{v:.2}"));
+        let tf = &r.verify.teacher_forced;
+        println!(
+            "{:<24} {:>7.2} {:>7.2} {:>7} {:>+7.2}  {:>9.6} {:>9.6} {:>6.2}%  {}",
+            r.name,
+            r.wer_full_precision,
+            r.wer_quantized,
+            reference,
+            r.wer_quantized - r.wer_full_precision,
+            tf.cosine_mean,
+            tf.cosine_min,
+            r.verify.free_running.top1_agreement * 100.0,
+            if r.passed() { "pass" } else { "FAIL" }
+        );
+        for f in &r.failures {
+            println!("{:<24} {f}", "");
+        }
+    }
+    println!(
+        "(cosine and top-1 are teacher-forced and free-running, respectively; WER in percent)"
+    );
+    if let Some(path) = &args.json {
+        oasr_quantize::checkpoint::write_json(path, &report)?;
+    }
+    if args.record {
+        gate::record(&config, &report.profile, &report.results)?;
+        println!(
+            "recorded {} reference(s) for profile `{}` in {}",
+            report.results.len(),
+            report.profile,
+            config.path.display()
+        );
+        return Ok(());
+    }
+    let failed = report.results.iter().filter(|r| !r.passed()).count();
+    if failed > 0 {
+        anyhow::bail!("gate failed: {failed} of {} entries", report.results.len());
     }
     Ok(())
 }

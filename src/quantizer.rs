@@ -33,6 +33,17 @@ pub enum Stage {
     Writing,
 }
 
+impl Stage {
+    /// The stage as a word, for progress displays.
+    pub fn name(self) -> &'static str {
+        match self {
+            Stage::Hashing => "hashing",
+            Stage::Calibrating => "calibrating",
+            Stage::Writing => "writing",
+        }
+    }
+}
+
 /// A progress report: `done` of `total` units of `stage`, the last one being `item`.
 #[derive(Clone, Debug)]
 pub struct Progress<'a> {

@@ -6,11 +6,14 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
+use std::sync::Mutex;
+
+use rayon::prelude::*;
 
 use candle_core::{Device, Tensor};
 use serde::Serialize;
 
-use crate::calibration::Manifest;
+use crate::calibration::{Manifest, Utterance};
 use crate::checkpoint::Checkpoint;
 use crate::error::{Error, Result};
 use crate::format::{QuantDtype, QuantizationSpec};
@@ -200,6 +203,18 @@ impl AgreementSum {
         self.top1_same += usize::from(argmax(a) == argmax(b));
     }
 
+    fn merge(&mut self, other: &AgreementSum) {
+        if other.steps == 0 {
+            return;
+        }
+        if self.steps == 0 || other.cosine_min < self.cosine_min {
+            self.cosine_min = other.cosine_min;
+        }
+        self.steps += other.steps;
+        self.cosine_sum += other.cosine_sum;
+        self.top1_same += other.top1_same;
+    }
+
     fn finish(&self) -> Agreement {
         let n = self.steps.max(1) as f64;
         Agreement {
@@ -218,6 +233,8 @@ pub struct VerifiedUtterance {
     pub reference_text: Option<String>,
     pub full_precision: String,
     pub quantized: String,
+    /// This utterance's teacher-forced agreement (finds the utterances at fault).
+    pub teacher_forced: Agreement,
 }
 
 /// The verify report (`--json`).
@@ -245,6 +262,77 @@ pub struct VerifyReport {
     pub transcripts: Vec<VerifiedUtterance>,
 }
 
+/// What one utterance contributes to a verify report.
+struct UtteranceRun {
+    free: AgreementSum,
+    forced: AgreementSum,
+    /// Against the manifest's text: (full precision, quantized).
+    word_errors: Option<(WordErrors, WordErrors)>,
+    nonfinite: usize,
+    transcript: VerifiedUtterance,
+}
+
+/// Both models on one utterance: each decodes greedily, then the quantized model scores the
+/// full-precision tokens.
+fn verify_one(
+    q: &QuantizedModel,
+    r: &Transcriber,
+    u: &Utterance,
+    served: OutDtype,
+) -> Result<UtteranceRun> {
+    let samples = r.read(u)?;
+    let fp = r.decode(&mut FullPrecision, &samples, true)?;
+    let mut exec = q.exec(served);
+    let audio = q.transcriber.encode(&mut exec, &samples)?;
+    let qd = crate::models::whisper::greedy(
+        &q.transcriber.model,
+        &mut exec,
+        &audio,
+        &q.transcriber.rules,
+        true,
+    )?;
+    let scored = teacher_forced(
+        &q.transcriber.model,
+        &mut exec,
+        &audio,
+        &q.transcriber.rules,
+        &fp.tokens,
+    )?;
+    let nonfinite = exec.nonfinite
+        + qd.step_logits
+            .iter()
+            .chain(&scored)
+            .flatten()
+            .filter(|v| !v.is_finite())
+            .count();
+    let (mut free, mut forced) = (AgreementSum::default(), AgreementSum::default());
+    for (a, b) in fp.step_logits.iter().zip(&qd.step_logits) {
+        free.add(a, b);
+    }
+    for (a, b) in fp.step_logits.iter().zip(&scored) {
+        forced.add(a, b);
+    }
+    let (hyp_r, hyp_q) = (r.text(&fp.tokens)?, q.transcriber.text(&qd.tokens)?);
+    let word_errors = u
+        .text
+        .as_ref()
+        .map(|text| (word_errors(text, &hyp_r), word_errors(text, &hyp_q)));
+    let agreement = forced.finish();
+    Ok(UtteranceRun {
+        free,
+        forced,
+        word_errors,
+        nonfinite,
+        transcript: VerifiedUtterance {
+            id: u.id.clone(),
+            reference_text: u.text.clone(),
+            full_precision: hyp_r,
+            quantized: hyp_q,
+            teacher_forced: agreement,
+        },
+    })
+}
+
 /// Runs the reference and the quantized checkpoint on the first `limit` utterances of a manifest.
 pub fn verify(
     quantized: &Path,
@@ -252,7 +340,7 @@ pub fn verify(
     manifest: &Manifest,
     limit: Option<usize>,
     served: OutDtype,
-    mut progress: impl FnMut(usize, usize, &str),
+    progress: impl Fn(usize, usize, &str) + Sync,
 ) -> Result<VerifyReport> {
     let q = QuantizedModel::load(quantized)?;
     let r = Transcriber::new(&Checkpoint::open(reference)?)?;
@@ -262,61 +350,35 @@ pub fn verify(
         .iter()
         .take(limit.unwrap_or(usize::MAX))
         .collect();
+    let done = Mutex::new(0usize);
+    // Utterances run in parallel, each on its own executors; the results are merged in manifest
+    // order, so the report does not depend on the scheduling.
+    let runs = chosen
+        .par_iter()
+        .map(|u| {
+            let run = verify_one(&q, &r, u, served).map_err(|e| Error::Utterance {
+                id: u.id.clone(),
+                source: Box::new(e),
+            })?;
+            let mut n = done.lock().unwrap_or_else(|p| p.into_inner());
+            *n += 1;
+            progress(*n, chosen.len(), &u.id);
+            Ok(run)
+        })
+        .collect::<Result<Vec<UtteranceRun>>>()?;
     let (mut free, mut forced) = (AgreementSum::default(), AgreementSum::default());
     let (mut we_r, mut we_q) = (WordErrors::default(), WordErrors::default());
     let mut nonfinite = 0;
     let mut transcripts = Vec::new();
-    for (i, u) in chosen.iter().enumerate() {
-        let mut run = || -> Result<()> {
-            let samples = r.read(u)?;
-            let fp = r.decode(&mut FullPrecision, &samples, true)?;
-            let mut exec = q.exec(served);
-            let audio = q.transcriber.encode(&mut exec, &samples)?;
-            let qd = crate::models::whisper::greedy(
-                &q.transcriber.model,
-                &mut exec,
-                &audio,
-                &q.transcriber.rules,
-                true,
-            )?;
-            let scored = teacher_forced(
-                &q.transcriber.model,
-                &mut exec,
-                &audio,
-                &q.transcriber.rules,
-                &fp.tokens,
-            )?;
-            nonfinite += exec.nonfinite
-                + qd.step_logits
-                    .iter()
-                    .chain(&scored)
-                    .flatten()
-                    .filter(|v| !v.is_finite())
-                    .count();
-            for (a, b) in fp.step_logits.iter().zip(&qd.step_logits) {
-                free.add(a, b);
-            }
-            for (a, b) in fp.step_logits.iter().zip(&scored) {
-                forced.add(a, b);
-            }
-            let (hyp_r, hyp_q) = (r.text(&fp.tokens)?, q.transcriber.text(&qd.tokens)?);
-            if let Some(text) = &u.text {
-                we_r.add(word_errors(text, &hyp_r));
-                we_q.add(word_errors(text, &hyp_q));
-            }
-            transcripts.push(VerifiedUtterance {
-                id: u.id.clone(),
-                reference_text: u.text.clone(),
-                full_precision: hyp_r,
-                quantized: hyp_q,
-            });
-            Ok(())
-        };
-        run().map_err(|e| Error::Utterance {
-            id: u.id.clone(),
-            source: Box::new(e),
-        })?;
-        progress(i + 1, chosen.len(), &u.id);
+    for run in runs {
+        free.merge(&run.free);
+        forced.merge(&run.forced);
+        if let Some((r, q)) = run.word_errors {
+            we_r.add(r);
+            we_q.add(q);
+        }
+        nonfinite += run.nonfinite;
+        transcripts.push(run.transcript);
     }
     let seconds = started.elapsed().as_secs_f64();
     let has_text = chosen.iter().any(|u| u.text.is_some());

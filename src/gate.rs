@@ -1,0 +1,484 @@
+//! The WER gate: regenerates every gated checkpoint from its recipe and calibration manifest,
+//! verifies it on the gate manifest, and fails when a WER exceeds its recorded reference plus the
+//! tolerance. References are recorded only on request ([`record`]), never automatically.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use crate::calibration::Manifest;
+use crate::error::{Error, Result};
+use crate::format::ModuleKind;
+use crate::numerics::OutDtype;
+use crate::quantizer::{Progress, Quantizer};
+use crate::recipe::Recipe;
+use crate::verify::{verify, VerifyReport};
+
+/// The default tolerance, in WER percentage points.
+pub const DEFAULT_TOLERANCE: f64 = 0.3;
+
+/// A gate file (`calib/gate.toml`), as written.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct GateFile {
+    model: String,
+    calib_manifest: String,
+    gate_manifest: String,
+    #[serde(default = "default_tolerance")]
+    tolerance: f64,
+    profiles: BTreeMap<String, Profile>,
+    #[serde(rename = "entry")]
+    entries: Vec<GateEntry>,
+}
+
+fn default_tolerance() -> f64 {
+    DEFAULT_TOLERANCE
+}
+
+/// How much of the gate a run uses: the full gate, or a subset that fits a CI budget.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Profile {
+    /// The first N utterances of the gate manifest (all when absent).
+    pub gate_utterances: Option<usize>,
+    /// Calibration utterances for the recipes that calibrate (the recipe default when absent).
+    pub calib_utterances: Option<usize>,
+}
+
+/// One gated checkpoint.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct GateEntry {
+    pub name: String,
+    pub recipe: String,
+    /// `--option` assignments, e.g. `"smoothquant.alpha" = "0.5"`.
+    #[serde(default)]
+    pub options: BTreeMap<String, String>,
+    /// `--module-types` (the recipe's when absent).
+    pub module_types: Option<String>,
+    /// `--ignore` globs.
+    #[serde(default)]
+    pub ignore: Vec<String>,
+    /// A floor on the teacher-forced logit cosine mean, checked alongside the WER.
+    pub min_cosine: Option<f64>,
+    /// Recorded quantized WER (percent) per profile.
+    #[serde(default)]
+    pub reference_wer: BTreeMap<String, f64>,
+}
+
+/// A loaded gate: paths resolved, profiles and entries checked.
+#[derive(Clone, Debug)]
+pub struct GateConfig {
+    pub path: PathBuf,
+    pub model: PathBuf,
+    pub calib_manifest: PathBuf,
+    pub gate_manifest: PathBuf,
+    /// WER percentage points a checkpoint may exceed its reference by.
+    pub tolerance: f64,
+    pub profiles: BTreeMap<String, Profile>,
+    pub entries: Vec<GateEntry>,
+}
+
+impl GateConfig {
+    /// Reads a gate file. Paths may use `${VAR}` or `${VAR:-default}` and a leading `~/`;
+    /// relative paths are taken from the gate file's directory.
+    pub fn load(path: &Path) -> Result<GateConfig> {
+        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+        let file: GateFile = toml::from_str(&text)
+            .map_err(|e| Error::corrupt(path, format!("invalid gate file: {e}")))?;
+        let base = path.parent().unwrap_or(Path::new("."));
+        let resolve = |key: &str, value: &str| -> Result<PathBuf> {
+            let expanded =
+                expand(value).map_err(|m| Error::corrupt(path, format!("`{key}`: {m}")))?;
+            Ok(base.join(expanded))
+        };
+        if !(file.tolerance.is_finite() && file.tolerance >= 0.0) {
+            return Err(Error::corrupt(
+                path,
+                "`tolerance` must be a non-negative number of WER points",
+            ));
+        }
+        if file.profiles.is_empty() {
+            return Err(Error::corrupt(path, "no [profiles.NAME] table"));
+        }
+        let mut names = std::collections::BTreeSet::new();
+        for e in &file.entries {
+            if !names.insert(e.name.as_str()) {
+                return Err(Error::corrupt(
+                    path,
+                    format!("entry `{}` appears twice", e.name),
+                ));
+            }
+            for profile in e.reference_wer.keys() {
+                if !file.profiles.contains_key(profile) {
+                    return Err(Error::corrupt(
+                        path,
+                        format!(
+                            "entry `{}` records a reference for unknown profile `{profile}`",
+                            e.name
+                        ),
+                    ));
+                }
+            }
+        }
+        Ok(GateConfig {
+            path: path.to_path_buf(),
+            model: resolve("model", &file.model)?,
+            calib_manifest: resolve("calib_manifest", &file.calib_manifest)?,
+            gate_manifest: resolve("gate_manifest", &file.gate_manifest)?,
+            tolerance: file.tolerance,
+            profiles: file.profiles,
+            entries: file.entries,
+        })
+    }
+}
+
+/// Expands `${VAR}`, `${VAR:-default}` and a leading `~/`.
+fn expand(value: &str) -> std::result::Result<String, String> {
+    let mut out = String::new();
+    let mut rest = value;
+    while let Some(start) = rest.find("${") {
+        out.push_str(&rest[..start]);
+        let after = &rest[start + 2..];
+        let end = after
+            .find('}')
+            .ok_or_else(|| format!("unclosed `${{` in `{value}`"))?;
+        let (name, default) = match after[..end].split_once(":-") {
+            Some((n, d)) => (n, Some(d)),
+            None => (&after[..end], None),
+        };
+        match (std::env::var(name), default) {
+            (Ok(v), _) if !v.is_empty() => out.push_str(&v),
+            (_, Some(d)) => out.push_str(d),
+            _ => {
+                return Err(format!(
+                    "environment variable {name} is not set (calib/fetch-assets.sh prints it)"
+                ))
+            }
+        }
+        rest = &after[end + 1..];
+    }
+    out.push_str(rest);
+    if let Some(tail) = out.strip_prefix("~/") {
+        let home = std::env::var("HOME").map_err(|_| "`~` needs HOME to be set".to_string())?;
+        out = format!("{home}/{tail}");
+    }
+    Ok(out)
+}
+
+/// What a gate run does.
+#[derive(Clone, Debug)]
+pub struct GateOptions {
+    pub profile: String,
+    /// Only these entries (all when empty).
+    pub only: Vec<String>,
+    /// Where the regenerated checkpoints are written (one directory per entry).
+    pub work_dir: PathBuf,
+    pub served: OutDtype,
+}
+
+/// A gate run's progress: entry `entry` is in `stage`, `done` of `total` units.
+#[derive(Clone, Debug)]
+pub struct GateProgress<'a> {
+    pub entry: &'a str,
+    pub stage: &'static str,
+    pub done: u64,
+    pub total: u64,
+}
+
+/// Receives progress from every stage of a gate run.
+pub type GateProgressFn = Arc<dyn Fn(&GateProgress) + Send + Sync>;
+
+/// One entry's result.
+#[derive(Clone, Debug, Serialize)]
+pub struct GateResult {
+    pub name: String,
+    pub recipe: String,
+    pub checkpoint: PathBuf,
+    /// Percent.
+    pub wer_full_precision: f64,
+    /// Percent.
+    pub wer_quantized: f64,
+    /// The recorded reference for this profile (percent), if any.
+    pub reference_wer: Option<f64>,
+    pub min_cosine: Option<f64>,
+    pub quantize_seconds: f64,
+    /// Why the entry fails; empty when it passes.
+    pub failures: Vec<String>,
+    pub verify: VerifyReport,
+}
+
+impl GateResult {
+    pub fn passed(&self) -> bool {
+        self.failures.is_empty()
+    }
+}
+
+/// A whole gate run.
+#[derive(Clone, Debug, Serialize)]
+pub struct GateReport {
+    pub gate: PathBuf,
+    pub profile: String,
+    pub gate_utterances: usize,
+    pub tolerance: f64,
+    pub results: Vec<GateResult>,
+}
+
+impl GateReport {
+    pub fn passed(&self) -> bool {
+        self.results.iter().all(GateResult::passed)
+    }
+}
+
+/// Regenerates and verifies the selected entries, one after another.
+pub fn run_gate(
+    config: &GateConfig,
+    options: &GateOptions,
+    progress: GateProgressFn,
+) -> Result<GateReport> {
+    let profile = config.profiles.get(&options.profile).ok_or_else(|| {
+        Error::option(
+            "--profile",
+            format!(
+                "`{}` is not a profile of {} (it has: {})",
+                options.profile,
+                config.path.display(),
+                config
+                    .profiles
+                    .keys()
+                    .cloned()
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        )
+    })?;
+    for name in &options.only {
+        if !config.entries.iter().any(|e| &e.name == name) {
+            return Err(Error::option(
+                "--only",
+                format!("`{name}` is not an entry of {}", config.path.display()),
+            ));
+        }
+    }
+    let manifest = Manifest::read(&config.gate_manifest, None)?;
+    let limit = profile.gate_utterances;
+    let gate_utterances = limit.unwrap_or(usize::MAX).min(manifest.utterances.len());
+    std::fs::create_dir_all(&options.work_dir).map_err(|e| Error::io(&options.work_dir, e))?;
+    let mut results = Vec::new();
+    for entry in &config.entries {
+        if !options.only.is_empty() && !options.only.contains(&entry.name) {
+            continue;
+        }
+        let dst = options.work_dir.join(&entry.name);
+        let in_entry = |e: Error| Error::GateEntry {
+            entry: entry.name.clone(),
+            source: Box::new(e),
+        };
+        let started = std::time::Instant::now();
+        quantizer_for(config, profile, entry, &dst, progress.clone())
+            .and_then(Quantizer::run)
+            .map_err(in_entry)?;
+        let quantize_seconds = started.elapsed().as_secs_f64();
+        let report = verify(
+            &dst,
+            &config.model,
+            &manifest,
+            limit,
+            options.served,
+            |done, total, _| {
+                progress(&GateProgress {
+                    entry: &entry.name,
+                    stage: "verifying",
+                    done: done as u64,
+                    total: total as u64,
+                })
+            },
+        )
+        .map_err(in_entry)?;
+        results.push(judge(
+            entry,
+            &options.profile,
+            config.tolerance,
+            dst,
+            quantize_seconds,
+            report,
+        ));
+    }
+    Ok(GateReport {
+        gate: config.path.clone(),
+        profile: options.profile.clone(),
+        gate_utterances,
+        tolerance: config.tolerance,
+        results,
+    })
+}
+
+fn quantizer_for(
+    config: &GateConfig,
+    profile: &Profile,
+    entry: &GateEntry,
+    dst: &Path,
+    progress: GateProgressFn,
+) -> Result<Quantizer> {
+    let recipe = Recipe::load(&entry.recipe)?;
+    let mut q = Quantizer::new(&config.model, dst)
+        .recipe(&entry.recipe)
+        .overwrite(true);
+    for (key, value) in &entry.options {
+        q = q.option(format!("{key}={value}"));
+    }
+    if let Some(kinds) = &entry.module_types {
+        q = q.module_types(ModuleKind::parse_list(kinds)?);
+    }
+    for glob in &entry.ignore {
+        q = q.ignore(glob);
+    }
+    if recipe.calibration {
+        q = q.calib_manifest(&config.calib_manifest);
+        if let Some(n) = profile.calib_utterances {
+            q = q.calib_utterances(n);
+        }
+    }
+    let name = entry.name.clone();
+    Ok(q.on_progress(move |p: &Progress| {
+        progress(&GateProgress {
+            entry: &name,
+            stage: p.stage.name(),
+            done: p.done,
+            total: p.total,
+        })
+    }))
+}
+
+/// Compares one verify report with the entry's recorded reference and floors.
+fn judge(
+    entry: &GateEntry,
+    profile: &str,
+    tolerance: f64,
+    checkpoint: PathBuf,
+    quantize_seconds: f64,
+    report: VerifyReport,
+) -> GateResult {
+    let percent = |w: Option<f64>| w.unwrap_or(f64::NAN) * 100.0;
+    let (wer_fp, wer_q) = (
+        percent(report.wer_full_precision),
+        percent(report.wer_quantized),
+    );
+    let reference = entry.reference_wer.get(profile).copied();
+    let mut failures = Vec::new();
+    if report.wer_quantized.is_none() {
+        failures.push("the gate manifest has no `text`, so there is no WER".to_string());
+    }
+    match reference {
+        None => failures.push(format!(
+            "no reference WER recorded for profile `{profile}` (record one with --record)"
+        )),
+        Some(r) if wer_q.is_nan() || wer_q > r + tolerance => failures.push(format!(
+            "WER {wer_q:.2}% exceeds the reference {r:.2}% + {tolerance:.2}"
+        )),
+        Some(_) => {}
+    }
+    if report.nonfinite > 0 {
+        failures.push(format!("{} non-finite values", report.nonfinite));
+    }
+    if let Some(floor) = entry.min_cosine {
+        let c = report.teacher_forced.cosine_mean;
+        if below(c, floor) {
+            failures.push(format!(
+                "teacher-forced logit cosine {c:.6} is below {floor}"
+            ));
+        }
+    }
+    GateResult {
+        name: entry.name.clone(),
+        recipe: entry.recipe.clone(),
+        checkpoint,
+        wer_full_precision: wer_fp,
+        wer_quantized: wer_q,
+        reference_wer: reference,
+        min_cosine: entry.min_cosine,
+        quantize_seconds,
+        failures,
+        verify: report,
+    }
+}
+
+/// A NaN is below every floor.
+fn below(value: f64, floor: f64) -> bool {
+    value.is_nan() || value < floor
+}
+
+/// Writes each result's quantized WER as its entry's reference for `profile`, in place (the rest
+/// of the file, comments included, is kept) and atomically. Refuses results that fail for any
+/// reason other than the WER itself: a reference is never recorded from a broken checkpoint.
+pub fn record(config: &GateConfig, profile: &str, results: &[GateResult]) -> Result<()> {
+    for r in results {
+        if r.verify.nonfinite > 0 || !r.wer_quantized.is_finite() {
+            return Err(Error::option(
+                "--record",
+                format!("entry `{}` has no valid WER to record", r.name),
+            ));
+        }
+        if let Some(floor) = r.min_cosine {
+            if below(r.verify.teacher_forced.cosine_mean, floor) {
+                return Err(Error::option(
+                    "--record",
+                    format!(
+                        "entry `{}` misses its cosine floor {floor}; fix it before recording",
+                        r.name
+                    ),
+                ));
+            }
+        }
+    }
+    let path = &config.path;
+    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+    let mut doc: toml_edit::DocumentMut = text
+        .parse()
+        .map_err(|e| Error::corrupt(path, format!("invalid gate file: {e}")))?;
+    let entries = doc
+        .get_mut("entry")
+        .and_then(|e| e.as_array_of_tables_mut())
+        .ok_or_else(|| Error::corrupt(path, "no [[entry]] tables"))?;
+    for r in results {
+        let table = entries
+            .iter_mut()
+            .find(|t| t.get("name").and_then(|n| n.as_str()) == Some(r.name.as_str()))
+            .ok_or_else(|| Error::corrupt(path, format!("entry `{}` is gone", r.name)))?;
+        let refs = table
+            .entry("reference_wer")
+            .or_insert_with(|| toml_edit::Item::Table(toml_edit::Table::new()));
+        let refs = refs.as_table_like_mut().ok_or_else(|| {
+            Error::corrupt(
+                path,
+                format!("entry `{}`: reference_wer is not a table", r.name),
+            )
+        })?;
+        // Two decimals: the WER of a few hundred words moves in steps far larger than that.
+        let value = (r.wer_quantized * 100.0).round() / 100.0;
+        refs.insert(profile, toml_edit::value(value));
+    }
+    let tmp = path.with_extension("toml.tmp");
+    std::fs::write(&tmp, doc.to_string()).map_err(|e| Error::io(&tmp, e))?;
+    std::fs::rename(&tmp, path).map_err(|e| Error::io(path, e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn expands_variables_defaults_and_home() {
+        std::env::set_var("OASR_GATE_TEST_VAR", "/data");
+        assert_eq!(expand("${OASR_GATE_TEST_VAR}/m").unwrap(), "/data/m");
+        assert_eq!(expand("${OASR_GATE_TEST_UNSET:-/x}/m").unwrap(), "/x/m");
+        assert!(expand("${OASR_GATE_TEST_UNSET}/m")
+            .unwrap_err()
+            .contains("OASR_GATE_TEST_UNSET"));
+        assert!(expand("${OASR_GATE_TEST_VAR").is_err());
+        let home = std::env::var("HOME").unwrap();
+        assert_eq!(expand("~/a").unwrap(), format!("{home}/a"));
+    }
+}
