@@ -5,7 +5,9 @@ use rayon::prelude::*;
 
 use super::activation::{activate, Activation};
 use super::e4m3::e4m3_decode_table;
-use super::kernels::{dot_i8_kernel, fp8_tile_kernel, Fp8Panel, N_TILE};
+use super::kernels::{
+    dot_i8_block_kernel, dot_i8_kernel, fp8_tile_kernel, Fp8Panel, I8_BLOCK, N_TILE,
+};
 use super::quantize::{encode, static_multipliers, QuantDtype};
 use super::rounding::{out_bits_to_f32, round_to_out, OutDtype};
 
@@ -144,12 +146,28 @@ where
                 "k = {k} exceeds {INT8_MAX_K}, the int32 accumulator's exact range"
             );
             let dot = dot_i8_kernel();
+            let block = dot_i8_block_kernel();
             out.par_chunks_mut(ROW_BLOCK * n)
                 .enumerate()
                 .for_each(|(blk, out_rows)| {
                     let i0 = blk * ROW_BLOCK;
                     let rows = out_rows.len() / n;
-                    for j in 0..n {
+                    let mut j0 = 0;
+                    if let (Some(block), I8_BLOCK) = (block, rows) {
+                        let a_row = |r: usize| &a[(i0 + r) * k..(i0 + r + 1) * k];
+                        let a_rows = [a_row(0), a_row(1), a_row(2), a_row(3)];
+                        while j0 + I8_BLOCK <= n {
+                            let w_row = |c: usize| &w[(j0 + c) * k..(j0 + c + 1) * k];
+                            let acc = block(&a_rows, &[w_row(0), w_row(1), w_row(2), w_row(3)]);
+                            for (r, acc_r) in acc.iter().enumerate() {
+                                for (c, &v) in acc_r.iter().enumerate() {
+                                    out_rows[r * n + j0 + c] = value(i0 + r, j0 + c, v as f32);
+                                }
+                            }
+                            j0 += I8_BLOCK;
+                        }
+                    }
+                    for j in j0..n {
                         let w_row = &w[j * k..(j + 1) * k];
                         for r in 0..rows {
                             let i = i0 + r;
