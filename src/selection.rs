@@ -23,13 +23,13 @@ fn alignment_problem(layer: &QuantizableLayer) -> Option<String> {
             layer.groups
         ));
     }
-    if layer.in_features % 16 != 0 {
+    if !layer.in_features.is_multiple_of(16) {
         return Some(format!(
             "in_features {} is not a multiple of 16",
             layer.in_features
         ));
     }
-    if layer.out_features % 8 != 0 {
+    if !layer.out_features.is_multiple_of(8) {
         return Some(format!(
             "out_features {} is not a multiple of 8",
             layer.out_features

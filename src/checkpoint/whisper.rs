@@ -142,7 +142,7 @@ fn whisper_config(
         ("encoder", config.encoder_attention_heads),
         ("decoder", config.decoder_attention_heads),
     ] {
-        if heads == 0 || config.d_model % heads != 0 {
+        if heads == 0 || !config.d_model.is_multiple_of(heads) {
             return Err(Error::corrupt(
                 path,
                 format!(

@@ -98,7 +98,7 @@ fn decode_wav(path: &Path, file: File, expected_rate: Option<u32>) -> Result<Aud
     check_rate(path, spec.sample_rate, expected_rate)?;
     let channels = usize::from(spec.channels);
     let declared = reader.len() as usize;
-    if declared % channels != 0 {
+    if !declared.is_multiple_of(channels) {
         return Err(Error::corrupt(
             path,
             format!(
