@@ -443,13 +443,13 @@ impl CudaLane {
         if m == 0 {
             return Err(refused(op, "M must be at least 1"));
         }
-        if n == 0 || n % 8 != 0 {
+        if n == 0 || !n.is_multiple_of(8) {
             return Err(refused(
                 op,
                 format!("N = {n} must be a positive multiple of 8"),
             ));
         }
-        if k == 0 || k % 16 != 0 {
+        if k == 0 || !k.is_multiple_of(16) {
             return Err(refused(
                 op,
                 format!("K = {k} must be a positive multiple of 16"),
@@ -583,7 +583,7 @@ impl CudaLane {
         n: usize,
     ) -> Result<()> {
         let op = "epilogue";
-        if m == 0 || n == 0 || n % 8 != 0 {
+        if m == 0 || n == 0 || !n.is_multiple_of(8) {
             return Err(refused(
                 op,
                 format!("M = {m}, N = {n}: need M >= 1 and N % 8 == 0"),

@@ -89,7 +89,7 @@ impl Rng {
         (0..len)
             .map(|_| {
                 let r = self.next();
-                if r % 97 == 0 {
+                if r.is_multiple_of(97) {
                     0x80
                 } else {
                     ((((r >> 8) & 0xFFFF) % 255) as i32 - 127) as i8 as u8
