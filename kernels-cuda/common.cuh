@@ -87,6 +87,17 @@ __device__ __forceinline__ u16 oasr_round_to_out(int out_dtype, float v) {
     return h;
 }
 
+// round_to_out without branches, for an output dtype known to the whole warp: both
+// conversions, then selects. The same bits as oasr_round_to_out.
+__device__ __forceinline__ u16 oasr_round_to_out_sel(bool f16, float v) {
+    u16 hf, hb;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(hf) : "f"(v));
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(hb) : "f"(v));
+    const u16 h = f16 ? hf : hb;
+    const u16 nan = f16 ? (u16)0x7E00 : (u16)0x7FC0;
+    return oasr_isnan(v) ? nan : h;
+}
+
 // out_bits_to_f32: exact widening.
 __device__ __forceinline__ float oasr_widen(int out_dtype, u16 bits) {
     if (out_dtype == OASR_OUT_F16) {
@@ -256,12 +267,14 @@ __device__ __forceinline__ OasrColumns oasr_columns(const Epilogue& epi, int col
 
 // Finishes two neighbouring outputs (columns col, col + 1) of row `row` and stores them: one
 // 4-byte store of two u16 bits, or one 2-byte store of two 8-bit codes (scaled_mm_quant).
-__device__ __forceinline__ void oasr_store_pair(const Epilogue& epi, const OasrColumns& c, int n,
-                                                int row, int col, float acc0, float acc1,
-                                                float a_scale) {
+// `act` is epi.activation; a caller that passes it as a compile-time constant gets the code of
+// that activation alone.
+__device__ __forceinline__ void oasr_store_pair_act(const Epilogue& epi, const OasrColumns& c,
+                                                    int n, int row, int col, float acc0,
+                                                    float acc1, float a_scale, int act) {
     const bool has_bias = epi.bias != 0;
-    const float v0 = oasr_epilogue_value(acc0, c.ws0, a_scale, has_bias, c.b0, epi.activation);
-    const float v1 = oasr_epilogue_value(acc1, c.ws1, a_scale, has_bias, c.b1, epi.activation);
+    const float v0 = oasr_epilogue_value(acc0, c.ws0, a_scale, has_bias, c.b0, act);
+    const float v1 = oasr_epilogue_value(acc1, c.ws1, a_scale, has_bias, c.b1, act);
     const u16 h0 = oasr_round_to_out(epi.out_dtype, v0);
     const u16 h1 = oasr_round_to_out(epi.out_dtype, v1);
     const i64 idx = (i64)row * n + col;
@@ -275,4 +288,10 @@ __device__ __forceinline__ void oasr_store_pair(const Epilogue& epi, const OasrC
                          ((u32)oasr_encode(epi.quant_dtype, y1) << 8);
         *reinterpret_cast<u16*>(static_cast<u8*>(epi.out) + idx) = (u16)pair;
     }
+}
+
+__device__ __forceinline__ void oasr_store_pair(const Epilogue& epi, const OasrColumns& c, int n,
+                                                int row, int col, float acc0, float acc1,
+                                                float a_scale) {
+    oasr_store_pair_act(epi, c, n, row, col, acc0, acc1, a_scale, epi.activation);
 }

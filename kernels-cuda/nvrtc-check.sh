@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # CI check of the CUDA kernels without a GPU: compile every kernel of kernels-cuda/ with NVRTC
-# for sm_80, sm_89 and sm_90 (tests/cuda_nvrtc.rs). NVRTC comes from the `nvidia-cuda-nvrtc`
-# wheel of PyPI, installed once into a cache directory; OASR_REQUIRE_NVRTC=1 turns "NVRTC not
-# found" into a failure instead of a skip.
+# for sm_80, sm_89, sm_90 and sm_90a, the target of 9.0 devices with the Hopper wgmma / TMA
+# kernels (tests/cuda_nvrtc.rs: entry points, no spills, no serialized wgmma). NVRTC comes from
+# the `nvidia-cuda-nvrtc` wheel of PyPI, installed once into a cache directory;
+# OASR_REQUIRE_NVRTC=1 turns "NVRTC not found" into a failure instead of a skip.
 #
 #   kernels-cuda/nvrtc-check.sh                # from the repository root
 #

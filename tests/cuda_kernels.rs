@@ -16,7 +16,7 @@ use cuda_common::{lane, visible, Rng};
 use oasr_quantize::numerics::{
     self, e4m3_decode, out_bits_to_f32, ActScale, Activation, GemmEpilogue, OutDtype, QuantDtype,
 };
-use oasr_quantize::runtime::{CudaLane, GemmConfig, KernelCache};
+use oasr_quantize::runtime::{CudaLane, GemmConfig, GemmKind, GemmPath, KernelCache};
 use oasr_quantize::Error;
 
 const ACTS: [Activation; 4] = [
@@ -599,6 +599,92 @@ fn fp8_scaled_mm_quant_equals_quantizing_the_gpu_scaled_mm() {
                 n,
             );
         }
+    }
+}
+
+/// The wgmma kernels are persistent: each CTA loops over several output tiles, the producer
+/// running ahead into the next tile while the consumers finish the last one, and the mbarrier
+/// ring carries its phase from tile to tile. A shape with many more tiles than CTA slots, ragged
+/// in M, N (not a multiple of any tile width) and K (not a multiple of the 128-byte stage), run
+/// with every configuration: int8 bit-identical, fp8 within the bound and the same bits for
+/// every configuration and for a row computed alone.
+#[test]
+fn many_tiles_per_cta_ragged_every_config() {
+    let Some(lane) = lane("many_tiles_per_cta_ragged_every_config") else {
+        return;
+    };
+    let info = lane.info();
+    let wgmma_expected = info.arch.supports_wgmma() && info.gemm_path != GemmPath::Mma;
+    for dtype in QuantDtype::ALL {
+        if dtype == QuantDtype::Float8E4m3fn && !info.arch.supports_fp8() {
+            continue;
+        }
+        let configs = lane.gemm_configs(dtype);
+        assert_eq!(
+            configs.iter().any(|c| c.kind == GemmKind::Wgmma),
+            wgmma_expected,
+            "{dtype}: wgmma configurations on {} with path {:?}",
+            info.arch,
+            info.gemm_path
+        );
+        let chosen = lane
+            .choose_config(dtype, 4100, 1032, 400)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let mut rng = Rng::new(9 + dtype as u64);
+        let (m, n, k) = (4100, 1032, 400);
+        let c = Case::new(&mut rng, dtype, m, n, k);
+        let epi = c.epi(true, Activation::Swish, OutDtype::Bf16);
+        let want = c.cpu(dtype, true, &epi);
+        let first = c.gpu(lane, None, dtype, true, &epi);
+        for cfg in std::iter::once(None).chain(configs.iter().map(|c| Some(*c))) {
+            let what = format!("{dtype} {m}x{n}x{k} tile {:?}", cfg.map(|c| c.label()));
+            let got = if cfg.is_none() {
+                first.clone()
+            } else {
+                c.gpu(lane, cfg, dtype, true, &epi)
+            };
+            match dtype {
+                QuantDtype::Int8 => assert_bits_eq(&what, &got, &want, n),
+                QuantDtype::Float8E4m3fn => {
+                    assert_eq!(got, first, "{what}: differs from the chosen tile's result");
+                }
+            }
+        }
+        if dtype == QuantDtype::Float8E4m3fn {
+            check_fp8(
+                &format!("{m}x{n}x{k} Swish Bf16 (many tiles per CTA)"),
+                &c,
+                true,
+                OutDtype::Bf16,
+                &first,
+                &want,
+            );
+            for r in [0, 1, 2047, m - 1] {
+                let one = lane
+                    .scaled_mm(
+                        dtype,
+                        &c.a[r * k..(r + 1) * k],
+                        ActScale::PerRow(&c.a_scale[r..r + 1]),
+                        &c.w,
+                        &c.weight_scale,
+                        1,
+                        n,
+                        k,
+                        &epi,
+                    )
+                    .unwrap_or_else(|e| panic!("{e}"));
+                assert_eq!(
+                    one,
+                    first[r * n..(r + 1) * n],
+                    "fp8 {m}x{n}x{k}: row {r} alone differs from row {r} in the batch"
+                );
+            }
+        }
+        visible(&format!(
+            "{dtype} {m}x{n}x{k}: {} configurations agree (chosen {})",
+            configs.len(),
+            chosen.label()
+        ));
     }
 }
 

@@ -1,10 +1,12 @@
-//! Every kernel of `kernels-cuda/` compiles with NVRTC for sm_80, sm_89 and sm_90. NVRTC needs
-//! no GPU, so CI runs this with the `nvidia-cuda-nvrtc` wheel (see `kernels-cuda/nvrtc-check.sh`).
+//! Every kernel of `kernels-cuda/` compiles with NVRTC for sm_80, sm_89, sm_90 and sm_90a (the
+//! target of 9.0 devices, with the wgmma kernels). NVRTC needs no GPU, so CI runs this with the
+//! `nvidia-cuda-nvrtc` wheel (see `kernels-cuda/nvrtc-check.sh`).
 //!
 //! Without NVRTC the test prints `SKIPPED` and passes; `OASR_REQUIRE_NVRTC=1` (CI) makes that
 //! a failure. Besides compiling, it checks that every entry point is in each CUBIN, that the
-//! fp8 kernels carry code only where the architecture has the fp8 mma, and that ptxas spilled
-//! no register of the GEMM kernels on sm_90.
+//! fp8 kernels carry code only where the architecture has the fp8 mma, that the wgmma kernels
+//! carry code only on sm_90a, that ptxas spilled no register of the GEMM kernels on sm_90 and
+//! sm_90a, and that ptxas did not serialize any wgmma.
 #![cfg(feature = "cuda")]
 
 mod cuda_common;
@@ -23,18 +25,18 @@ fn contains(hay: &[u8], needle: &[u8]) -> bool {
 }
 
 #[test]
-fn every_kernel_compiles_for_sm80_sm89_sm90() {
+fn every_kernel_compiles_for_sm80_sm89_sm90_sm90a() {
     let version = match kernels::nvrtc_version() {
         Ok(v) => v,
         Err(e) if required() => panic!("OASR_REQUIRE_NVRTC=1 but NVRTC is not usable: {e}"),
         Err(e) => {
             visible(&format!(
-                "SKIPPED every_kernel_compiles_for_sm80_sm89_sm90: {e}"
+                "SKIPPED every_kernel_compiles_for_sm80_sm89_sm90_sm90a: {e}"
             ));
             return;
         }
     };
-    for arch in [Arch::SM80, Arch::SM89, Arch::SM90] {
+    for arch in [Arch::SM80, Arch::SM89, Arch::SM90, Arch::SM90A] {
         let t = std::time::Instant::now();
         let compiled = match compile_kernels(arch) {
             Ok(c) => c,
@@ -47,6 +49,15 @@ fn every_kernel_compiles_for_sm80_sm89_sm90() {
                 "{arch}: entry point {name} missing from the CUBIN"
             );
         }
+        // ptxas reports a wgmma it had to serialize (C7515..C7520, "Potential Performance
+        // Loss: wgmma.mma_async instructions are serialized ..."): that would be a slow kernel.
+        assert!(
+            !compiled
+                .log
+                .contains("wgmma.mma_async instructions are serialized"),
+            "{arch}: ptxas serialized wgmma:\n{}",
+            compiled.log
+        );
         let resources = parse_resources(&compiled.log);
         let gemm: Vec<_> = resources
             .iter()
@@ -60,6 +71,23 @@ fn every_kernel_compiles_for_sm80_sm89_sm90() {
         );
         for r in &gemm {
             let fp8 = r.name.contains("_e4m3_");
+            let wgmma = r.name.contains("_wgmma_");
+            if wgmma {
+                if arch.supports_wgmma() {
+                    assert!(
+                        r.registers > 64,
+                        "{arch}: {} has no code ({} registers)",
+                        r.name,
+                        r.registers
+                    );
+                } else {
+                    assert!(
+                        r.registers <= 16,
+                        "{arch}: {} should be an empty stub",
+                        r.name
+                    );
+                }
+            }
             if fp8 && !arch.supports_fp8() {
                 assert!(
                     r.registers <= 16,
@@ -67,7 +95,7 @@ fn every_kernel_compiles_for_sm80_sm89_sm90() {
                     r.name
                 );
             }
-            if arch == Arch::SM90 {
+            if arch.major == 9 {
                 assert_eq!(
                     (r.spill_store_bytes, r.spill_load_bytes),
                     (0, 0),
@@ -108,5 +136,49 @@ fn missing_nvrtc_is_an_error_not_a_panic() {
         Ok(Ok(_)) => panic!("sm_10 compiled"),
         Ok(Err(e)) => panic!("unexpected error kind: {e}"),
         Err(_) => panic!("compile_kernels panicked"),
+    }
+}
+
+/// Compiles the module for the targets of `OASR_PRECOMPILE_ARCHS` (default `sm_90a`; e.g.
+/// `sm_80 sm_89 sm_90a`) and stores it in the module cache of the environment
+/// (`OASR_CUDA_CACHE_DIR`), so that a GPU machine given that directory loads the kernels
+/// without compiling them (the key covers sources, options and target, not the NVRTC build):
+///
+/// ```sh
+/// OASR_CUDA_CACHE_DIR=.dev-out/cuda-cache cargo test --release --features cuda \
+///   --test cuda_nvrtc -- --ignored precompile_module_cache
+/// ```
+#[test]
+#[ignore = "writes the module cache; run explicitly"]
+fn precompile_module_cache() {
+    use oasr_quantize::runtime::KernelCache;
+    let cache = KernelCache::from_env();
+    let Some(dir) = cache.dir() else {
+        panic!("the module cache is disabled (OASR_CUDA_CACHE_DIR=off)");
+    };
+    let archs = std::env::var("OASR_PRECOMPILE_ARCHS").unwrap_or_else(|_| "sm_90a".into());
+    for name in archs.split_whitespace() {
+        let digits = name.trim_start_matches("sm_");
+        let specific = digits.ends_with('a');
+        let digits = digits.trim_end_matches('a');
+        let (major, minor) = match digits.len() {
+            2 | 3 => (
+                digits[..digits.len() - 1].parse::<u32>(),
+                digits[digits.len() - 1..].parse::<u32>(),
+            ),
+            _ => panic!("OASR_PRECOMPILE_ARCHS: `{name}` is not an sm_XY target"),
+        };
+        let (Ok(major), Ok(minor)) = (major, minor) else {
+            panic!("OASR_PRECOMPILE_ARCHS: `{name}` is not an sm_XY target");
+        };
+        let mut arch = Arch::new(major, minor);
+        if specific {
+            arch = arch.arch_specific();
+        }
+        let compiled = compile_kernels(arch).unwrap_or_else(|e| panic!("{e}"));
+        let path = cache
+            .store(&compiled)
+            .unwrap_or_else(|| panic!("could not write the module cache in {}", dir.display()));
+        visible(&format!("{arch}: {}", path.display()));
     }
 }

@@ -674,7 +674,7 @@ pub fn run(args: &BenchArgs, mut progress: impl FnMut(&str)) -> Result<BenchRepo
         };
 
         // Ours, int8 (the heuristic's tile), and every tile with --all-configs.
-        let int8_config = lane.choose_config(QuantDtype::Int8, s.m, s.n, s.k)?;
+        let int8_config = lane.choose_config_for(QuantDtype::Int8, activation, s.m, s.n, s.k)?;
         let ours_int8 = time_op(&lane, args.samples, ops, &mut |i| {
             lane.launch_scaled_mm(
                 &gemm(QuantDtype::Int8, i),
@@ -706,7 +706,7 @@ pub fn run(args: &BenchArgs, mut progress: impl FnMut(&str)) -> Result<BenchRepo
             }
         }
         let ours_fp8 = if fp8_ok {
-            let c = lane.choose_config(QuantDtype::Float8E4m3fn, s.m, s.n, s.k)?;
+            let c = lane.choose_config_for(QuantDtype::Float8E4m3fn, activation, s.m, s.n, s.k)?;
             let mut scratch = lane.zeros::<u16>(s.m * s.n)?;
             time_op(&lane, args.samples, ops, &mut |i| {
                 lane.launch_scaled_mm(

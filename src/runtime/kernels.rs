@@ -16,14 +16,18 @@ use sha2::{Digest, Sha256};
 
 use super::loader;
 use crate::error::{Error, Result};
-use crate::numerics::QuantDtype;
+use crate::numerics::{Activation, QuantDtype};
 
 /// The kernel sources in compilation order: (file name, text).
-pub const KERNEL_SOURCES: [(&str, &str); 4] = [
+pub const KERNEL_SOURCES: [(&str, &str); 5] = [
     ("common.cuh", include_str!("../../kernels-cuda/common.cuh")),
     (
         "scaled_mm.cu",
         include_str!("../../kernels-cuda/scaled_mm.cu"),
+    ),
+    (
+        "scaled_mm_wgmma.cu",
+        include_str!("../../kernels-cuda/scaled_mm_wgmma.cu"),
     ),
     (
         "quantize.cu",
@@ -47,25 +51,66 @@ pub fn kernel_bundle() -> String {
     s
 }
 
-/// A GPU architecture, as a compute capability (`sm_90` is 9.0).
+/// A GPU architecture, as a compute capability (`sm_90` is 9.0), and whether the kernels are
+/// compiled for its architecture-specific variant (`sm_90a`: wgmma, which runs on 9.0 devices
+/// only).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Arch {
     pub major: u32,
     pub minor: u32,
+    /// The `a` target (`sm_90a`): architecture-specific instructions, no forward compatibility.
+    pub specific: bool,
 }
 
 impl Arch {
     pub const SM80: Arch = Arch::new(8, 0);
     pub const SM89: Arch = Arch::new(8, 9);
+    /// Plain sm_90: the wgmma kernels are empty stubs.
     pub const SM90: Arch = Arch::new(9, 0);
+    /// sm_90a: what a 9.0 device (H100, H200) runs; the wgmma kernels are compiled.
+    pub const SM90A: Arch = Arch::new(9, 0).arch_specific();
 
+    /// The portable target of compute capability `major.minor`.
     pub const fn new(major: u32, minor: u32) -> Self {
-        Arch { major, minor }
+        Arch {
+            major,
+            minor,
+            specific: false,
+        }
     }
 
-    /// `sm_90` style name.
+    /// The same compute capability, architecture-specific target.
+    pub const fn arch_specific(self) -> Self {
+        Arch {
+            specific: true,
+            ..self
+        }
+    }
+
+    /// The target the runtime compiles for a device of compute capability `major.minor`:
+    /// `sm_90a` on 9.0 (for the wgmma kernels), the portable `sm_XY` elsewhere.
+    pub const fn for_device(major: u32, minor: u32) -> Self {
+        let a = Arch::new(major, minor);
+        if major == 9 && minor == 0 {
+            a.arch_specific()
+        } else {
+            a
+        }
+    }
+
+    /// `sm_90` / `sm_90a` style name (the NVRTC target).
     pub fn name(self) -> String {
-        format!("sm_{}{}", self.major, self.minor)
+        format!(
+            "sm_{}{}{}",
+            self.major,
+            self.minor,
+            if self.specific { "a" } else { "" }
+        )
+    }
+
+    /// The Hopper wgmma / TMA kernels (`scaled_mm_wgmma.cu`) have code on this target.
+    pub fn supports_wgmma(self) -> bool {
+        self.specific && self.major == 9 && self.minor == 0
     }
 
     /// The int8 kernels need sm_80 (cp.async, ldmatrix, mma.m16n8k32.s8).
@@ -85,37 +130,71 @@ impl std::fmt::Display for Arch {
     }
 }
 
-/// One tile configuration of the scaled-GEMM kernel, as instantiated in `scaled_mm.cu`.
+/// Which kernel family a configuration belongs to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum GemmKind {
+    /// `scaled_mm.cu`: `mma.sync` from `ldmatrix` fragments, a cp.async ring (sm_80+).
+    MmaSync,
+    /// `scaled_mm_wgmma.cu`: warp-specialised, persistent, TMA + mbarrier ring, `wgmma`
+    /// (sm_90a only).
+    Wgmma,
+}
+
+/// One tile configuration of the scaled-GEMM kernels, as instantiated in `scaled_mm.cu`
+/// (`MmaSync`) or `scaled_mm_wgmma.cu` (`Wgmma`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct GemmConfig {
     pub dtype: QuantDtype,
+    pub kind: GemmKind,
     /// Output rows per CTA.
     pub bm: u32,
     /// Output columns per CTA.
     pub bn: u32,
     /// Bytes of K per pipeline stage.
     pub bk: u32,
+    /// MmaSync: warps along M. Wgmma: consumer warps (4 per consumer warpgroup of 64 rows).
     pub warps_m: u32,
+    /// MmaSync: warps along N. Wgmma: 1 (a consumer warp spans the tile's BN columns).
     pub warps_n: u32,
-    /// Depth of the cp.async shared-memory ring.
+    /// Depth of the shared-memory ring.
     pub stages: u32,
+    /// Wgmma: output columns per epilogue pass (the per-warp scratch width); 0 for MmaSync.
+    pub epi_cols: u32,
 }
 
 const fn cfg(dtype: QuantDtype, t: [u32; 6]) -> GemmConfig {
     GemmConfig {
         dtype,
+        kind: GemmKind::MmaSync,
         bm: t[0],
         bn: t[1],
         bk: t[2],
         warps_m: t[3],
         warps_n: t[4],
         stages: t[5],
+        epi_cols: 0,
+    }
+}
+
+/// A wgmma configuration: BM x BN tile, `stages`-deep ring, `epi_cols` epilogue columns.
+const fn wg(dtype: QuantDtype, bm: u32, bn: u32, stages: u32, epi_cols: u32) -> GemmConfig {
+    GemmConfig {
+        dtype,
+        kind: GemmKind::Wgmma,
+        bm,
+        bn,
+        bk: 128,
+        warps_m: bm / 16,
+        warps_n: 1,
+        stages,
+        epi_cols,
     }
 }
 
 /// Every compiled configuration, largest tiles first. Must list exactly the configurations of
-/// `scaled_mm.cu` (`OASR_GEMM_CONFIG` gives both dtypes, `OASR_GEMM_I8` int8 only).
-pub const GEMM_CONFIGS: [GemmConfig; 15] = {
+/// `scaled_mm.cu` (`OASR_GEMM_CONFIG` gives both dtypes, `OASR_GEMM_I8` int8 only) and of
+/// `scaled_mm_wgmma.cu` (`OASR_WGMMA_I8`, `OASR_WGMMA_E4M3`).
+pub const GEMM_CONFIGS: [GemmConfig; 22] = {
     use QuantDtype::{Float8E4m3fn as F8, Int8 as I8};
     [
         cfg(I8, [128, 256, 64, 2, 4, 4]),
@@ -133,47 +212,91 @@ pub const GEMM_CONFIGS: [GemmConfig; 15] = {
         cfg(F8, [128, 64, 64, 2, 2, 4]),
         cfg(F8, [64, 128, 64, 2, 2, 4]),
         cfg(F8, [64, 64, 64, 2, 2, 4]),
+        wg(I8, 128, 256, 4, 32),
+        wg(I8, 128, 128, 6, 32),
+        wg(I8, 64, 128, 4, 32),
+        wg(I8, 64, 64, 4, 16),
+        wg(F8, 128, 128, 6, 32),
+        wg(F8, 64, 128, 4, 32),
+        wg(F8, 64, 64, 4, 16),
     ]
 };
 
 impl GemmConfig {
-    /// The kernel's entry point, e.g. `oasr_scaled_mm_i8_128x256x64_w2x4_s4`.
+    /// The kernel's entry point, e.g. `oasr_scaled_mm_i8_128x256x64_w2x4_s4` or
+    /// `oasr_scaled_mm_wgmma_i8_128x256_s4_e32`.
     pub fn kernel_name(&self) -> String {
         let d = match self.dtype {
             QuantDtype::Int8 => "i8",
             QuantDtype::Float8E4m3fn => "e4m3",
         };
-        format!(
-            "oasr_scaled_mm_{d}_{}x{}x{}_w{}x{}_s{}",
-            self.bm, self.bn, self.bk, self.warps_m, self.warps_n, self.stages
-        )
+        match self.kind {
+            GemmKind::MmaSync => format!(
+                "oasr_scaled_mm_{d}_{}x{}x{}_w{}x{}_s{}",
+                self.bm, self.bn, self.bk, self.warps_m, self.warps_n, self.stages
+            ),
+            GemmKind::Wgmma => format!(
+                "oasr_scaled_mm_wgmma_{d}_{}x{}_s{}_e{}",
+                self.bm, self.bn, self.stages, self.epi_cols
+            ),
+        }
     }
 
-    /// Short label for tables: `128x256x64/8w/s4`.
+    /// Short label for tables: `128x256x64/8w/s4` (mma.sync), `128x256x128/2wg/s4` (wgmma:
+    /// consumer warpgroups).
     pub fn label(&self) -> String {
-        format!(
-            "{}x{}x{}/{}w/s{}",
-            self.bm,
-            self.bn,
-            self.bk,
-            self.warps_m * self.warps_n,
-            self.stages
-        )
+        match self.kind {
+            GemmKind::MmaSync => format!(
+                "{}x{}x{}/{}w/s{}",
+                self.bm,
+                self.bn,
+                self.bk,
+                self.warps_m * self.warps_n,
+                self.stages
+            ),
+            GemmKind::Wgmma => format!(
+                "{}x{}x{}/{}wg/s{}",
+                self.bm,
+                self.bn,
+                self.bk,
+                self.bm / 64,
+                self.stages
+            ),
+        }
     }
 
+    /// Threads per CTA. Wgmma: the consumer warpgroups and the producer, a whole warpgroup
+    /// beside two consumer warpgroups (its registers go to them through `setmaxnreg`), one
+    /// warp beside one.
     pub fn threads(&self) -> u32 {
-        self.warps_m * self.warps_n * 32
+        match self.kind {
+            GemmKind::MmaSync => self.warps_m * self.warps_n * 32,
+            GemmKind::Wgmma if self.bm >= 128 => (self.bm / 64) * 128 + 128,
+            GemmKind::Wgmma => (self.bm / 64) * 128 + 32,
+        }
     }
 
-    /// Dynamic shared memory: the pipeline ring, reused by the epilogue's per-warp scratch.
+    /// Dynamic shared memory. MmaSync: the pipeline ring, reused by the epilogue's per-warp
+    /// scratch. Wgmma: 1024 bytes of alignment slack, the ring, the per-warp epilogue scratch
+    /// (16 rows x (epi_cols + 8) floats per consumer warp) and two mbarriers per stage.
     pub fn smem_bytes(&self) -> u32 {
-        let ring = self.stages * (self.bm + self.bn) * self.bk;
-        let warp_cols = self.bn / self.warps_n;
-        let scratch = self.warps_m * self.warps_n * 16 * (warp_cols + 8) * 4;
-        ring.max(scratch)
+        match self.kind {
+            GemmKind::MmaSync => {
+                let ring = self.stages * (self.bm + self.bn) * self.bk;
+                let warp_cols = self.bn / self.warps_n;
+                let scratch = self.warps_m * self.warps_n * 16 * (warp_cols + 8) * 4;
+                ring.max(scratch)
+            }
+            GemmKind::Wgmma => {
+                let ring = self.stages * (self.bm + self.bn) * self.bk;
+                let scratch = (self.bm / 16) * 16 * (self.epi_cols + 8) * 4;
+                1024 + ring + scratch + 16 * self.stages
+            }
+        }
     }
 
-    /// CTAs of this configuration for an M x N output.
+    /// Output tiles of this configuration for an M x N output (the CTAs of a mma.sync launch;
+    /// a wgmma launch is persistent and runs min(tiles, CTA slots) CTAs).
     pub fn ctas(&self, m: usize, n: usize) -> usize {
         m.div_ceil(self.bm as usize) * n.div_ceil(self.bn as usize)
     }
@@ -183,13 +306,14 @@ impl GemmConfig {
     /// occupancy calculator) on a GPU with `sm_count` multiprocessors.
     ///
     /// A cost model fitted to every configuration on every `bench-gemm` shape of an H200
-    /// (BENCHMARKS.md; the pick is within 10% of the best there, 1% on average):
-    /// score = R · K / (K + K0) · fill · used, where R is the configuration's throughput on a
-    /// full chip relative to the 64 x 64 tile, K0 = 1000 · (BM · BN) / 128² is the per-CTA
-    /// fixed cost (pipeline fill, epilogue) in units of K, fill the fraction of the CTA slots of
-    /// all waves that hold a CTA, and used the fraction of the tile inside M x N. Big tiles win
-    /// on big, deep problems; small ones fill the chip on the model shapes. Any choice gives
-    /// bitwise the same result (see `scaled_mm.cu`): this only picks the fastest.
+    /// (BENCHMARKS.md): score = R · K / (K + K0) · fill · used, where R is the configuration's
+    /// throughput on a full chip relative to the 64 x 64 mma.sync tile, K0 its per-tile fixed
+    /// cost (pipeline fill, epilogue) in units of K, fill the fraction of the CTA slots of all
+    /// waves that hold a tile, and used the fraction of the tile inside M x N. Big tiles win on
+    /// big, deep problems; small ones fill the chip on the model shapes. Any choice gives
+    /// bitwise the same result for int8, and every fp8 configuration of one GPU computes each
+    /// output with the same operation sequence (see the kernels): this only picks the fastest.
+    /// This is [`choose_for`](Self::choose_for) with no activation.
     pub fn choose(
         dtype: QuantDtype,
         m: usize,
@@ -198,6 +322,23 @@ impl GemmConfig {
         available: &[(GemmConfig, usize)],
         sm_count: usize,
     ) -> Option<GemmConfig> {
+        Self::choose_for(dtype, Activation::None, m, n, k, available, sm_count)
+    }
+
+    /// [`choose`](Self::choose) for a GEMM whose epilogue applies `activation`: swish and GELU
+    /// (~100 exactly rounded operations per output) make the epilogue a large part of a tile's
+    /// time, which the wgmma configurations' K0 and R take into account (fitted separately,
+    /// with GELU, on the same H200 sweep).
+    pub fn choose_for(
+        dtype: QuantDtype,
+        activation: Activation,
+        m: usize,
+        n: usize,
+        k: usize,
+        available: &[(GemmConfig, usize)],
+        sm_count: usize,
+    ) -> Option<GemmConfig> {
+        let heavy = matches!(activation, Activation::Swish | Activation::Gelu);
         let mut best: Option<(f64, GemmConfig)> = None;
         for (c, per_sm) in available.iter().filter(|(c, _)| c.dtype == dtype) {
             let slots = sm_count.max(1) * (*per_sm).max(1);
@@ -206,9 +347,9 @@ impl GemmConfig {
             let fill = ctas as f64 / (waves * slots) as f64;
             let used = (m as f64 / (m.div_ceil(c.bm as usize) * c.bm as usize) as f64)
                 * (n as f64 / (n.div_ceil(c.bn as usize) * c.bn as usize) as f64);
-            let k0 = 1000.0 * f64::from(c.bm * c.bn) / (128.0 * 128.0);
+            let (r, k0) = c.cost_model(heavy);
             let depth = k as f64 / (k as f64 + k0);
-            let score = c.throughput() * depth * fill * used;
+            let score = r * depth * fill * used;
             match best {
                 Some((s, _)) if s >= score => {}
                 _ => best = Some((score, *c)),
@@ -217,9 +358,60 @@ impl GemmConfig {
         best.map(|(_, c)| c)
     }
 
-    /// Throughput of the configuration on a full chip (8192³ on an H200), relative to the
-    /// 64 x 64 tile.
+    /// (R, K0) of [`choose_for`](Self::choose_for); `heavy`: a swish or GELU epilogue.
+    fn cost_model(&self, heavy: bool) -> (f64, f64) {
+        if heavy && self.kind == GemmKind::Wgmma {
+            // Fitted with GELU on the H200 (every default `bench-gemm` shape: the pick is the
+            // best configuration on each).
+            return match (self.dtype, self.bm, self.bn) {
+                (QuantDtype::Int8, 128, 256) => (2.741, 7000.0),
+                (QuantDtype::Int8, 128, 128) => (2.683, 6950.0),
+                (QuantDtype::Int8, 64, 128) => (2.136, 5650.0),
+                (QuantDtype::Int8, 64, 64) => (1.434, 2950.0),
+                (QuantDtype::Float8E4m3fn, 128, 128) => (2.187, 2800.0),
+                (QuantDtype::Float8E4m3fn, 64, 128) => (1.825, 2350.0),
+                (QuantDtype::Float8E4m3fn, 64, 64) => (1.38, 1400.0),
+                _ => (self.throughput(), self.fixed_cost_k()),
+            };
+        }
+        (self.throughput(), self.fixed_cost_k())
+    }
+
+    /// K0 of [`choose`](Self::choose): the per-tile fixed cost in units of K. mma.sync:
+    /// proportional to the tile area. wgmma: fitted per configuration (H200, every
+    /// `bench-gemm` default shape, 2026-11-29).
+    fn fixed_cost_k(&self) -> f64 {
+        match (self.kind, self.dtype, self.bm, self.bn) {
+            (GemmKind::MmaSync, ..) => 1000.0 * f64::from(self.bm * self.bn) / (128.0 * 128.0),
+            (GemmKind::Wgmma, QuantDtype::Int8, 128, 256) => 1225.0,
+            (GemmKind::Wgmma, QuantDtype::Int8, 128, 128) => 1225.0,
+            (GemmKind::Wgmma, QuantDtype::Int8, 64, 128) => 1125.0,
+            (GemmKind::Wgmma, QuantDtype::Int8, 64, 64) => 775.0,
+            (GemmKind::Wgmma, QuantDtype::Float8E4m3fn, 128, 128) => 975.0,
+            (GemmKind::Wgmma, QuantDtype::Float8E4m3fn, 64, 128) => 850.0,
+            (GemmKind::Wgmma, QuantDtype::Float8E4m3fn, 64, 64) => 675.0,
+            (GemmKind::Wgmma, ..) => 1500.0,
+        }
+    }
+
+    /// Throughput of the configuration on a full chip, relative to the 64 x 64 mma.sync tile
+    /// (8192³ on an H200). The wgmma values are fitted together with their K0 on the H200
+    /// (the heuristic's pick is within 11 % of the best int8 configuration on every default
+    /// shape of `bench-gemm`, 1.9 % on average; fp8 within 8 %, 1.7 % on average; the same
+    /// configuration's time varies by a few percent from run to run).
     fn throughput(&self) -> f64 {
+        if self.kind == GemmKind::Wgmma {
+            return match (self.dtype, self.bm, self.bn) {
+                (QuantDtype::Int8, 128, 256) => 2.77,
+                (QuantDtype::Int8, 128, 128) => 2.53,
+                (QuantDtype::Int8, 64, 128) => 2.585,
+                (QuantDtype::Int8, 64, 64) => 1.455,
+                (QuantDtype::Float8E4m3fn, 128, 128) => 2.10,
+                (QuantDtype::Float8E4m3fn, 64, 128) => 1.82,
+                (QuantDtype::Float8E4m3fn, 64, 64) => 1.43,
+                _ => 1.0,
+            };
+        }
         match (self.bm, self.bn, self.bk, self.warps_m * self.warps_n) {
             (128, 128, 64, 4) if self.stages == 4 => 1.5,
             (128, 128, 128, 4) => 1.48,
@@ -257,14 +449,26 @@ pub fn kernel_names() -> Vec<String> {
 
 /// The NVRTC options for `arch`.
 pub fn compile_options(arch: Arch) -> Vec<String> {
-    vec![
+    let mut options = vec![
         format!("--gpu-architecture={}", arch.name()),
         "--std=c++17".into(),
         // One rounding per operation, exactly as written: never contract a*b+c into an FMA.
         "--fmad=false".into(),
         "--ptxas-options=-v".into(),
         "-DOASR_NVRTC=1".into(),
-    ]
+    ];
+    options.extend(extra_options());
+    options
+}
+
+/// The variable holding extra NVRTC options (whitespace-separated), for kernel experiments
+/// such as `-DOASR_WGMMA_GROUP_M=16`; they are part of the cache key.
+pub const EXTRA_OPTIONS_ENV: &str = "OASR_NVRTC_OPTIONS";
+
+fn extra_options() -> Vec<String> {
+    std::env::var(EXTRA_OPTIONS_ENV)
+        .map(|v| v.split_whitespace().map(String::from).collect())
+        .unwrap_or_default()
 }
 
 /// A compiled module: the CUBIN and the compiler's log (ptxas register and spill report).
@@ -541,9 +745,23 @@ mod tests {
 
     #[test]
     fn configs_match_the_source() {
-        let src = KERNEL_SOURCES[1].1;
         let mut listed = Vec::new();
-        for line in src.lines() {
+        for line in KERNEL_SOURCES[2].1.lines() {
+            let (dtype, rest) = if let Some(r) = line.strip_prefix("OASR_WGMMA_I8(") {
+                (QuantDtype::Int8, r)
+            } else if let Some(r) = line.strip_prefix("OASR_WGMMA_E4M3(") {
+                (QuantDtype::Float8E4m3fn, r)
+            } else {
+                continue;
+            };
+            let v: Vec<u32> = rest
+                .trim_end_matches(')')
+                .split(',')
+                .map(|x| x.trim().parse().unwrap_or(0))
+                .collect();
+            listed.push(wg(dtype, v[0], v[1], v[2], v[3]));
+        }
+        for line in KERNEL_SOURCES[1].1.lines() {
             let (dtypes, rest): (&[QuantDtype], &str) =
                 if let Some(r) = line.strip_prefix("OASR_GEMM_CONFIG(") {
                     (&QuantDtype::ALL, r)
@@ -564,7 +782,11 @@ mod tests {
             }
         }
         let mut want = GEMM_CONFIGS.to_vec();
-        let key = |c: &GemmConfig| (c.dtype, c.bm, c.bn, c.bk, c.warps_m, c.warps_n, c.stages);
+        let key = |c: &GemmConfig| {
+            (
+                c.dtype, c.kind, c.bm, c.bn, c.bk, c.warps_m, c.warps_n, c.stages, c.epi_cols,
+            )
+        };
         listed.sort_by_key(key);
         want.sort_by_key(key);
         assert_eq!(listed, want);
@@ -575,6 +797,7 @@ mod tests {
         // Occupancies as the driver reports them on an H200.
         let available: Vec<(GemmConfig, usize)> = GEMM_CONFIGS
             .iter()
+            .filter(|c| c.kind == GemmKind::MmaSync)
             .map(|c| {
                 let per_sm = match (c.bm, c.bn, c.threads()) {
                     (64, 64, _) => 4,
@@ -600,6 +823,47 @@ mod tests {
         for c in GEMM_CONFIGS {
             assert_eq!(GemmConfig::find(c.dtype, &c.label()), Some(c));
         }
+    }
+
+    #[test]
+    fn choose_wgmma_matches_the_h200_sweep() {
+        // The wgmma configurations a 9.0 device runs, with the driver's occupancies.
+        let available: Vec<(GemmConfig, usize)> = GEMM_CONFIGS
+            .iter()
+            .filter(|c| c.kind == GemmKind::Wgmma)
+            .map(|c| {
+                (
+                    *c,
+                    if c.bm == 128 {
+                        1
+                    } else if c.bn == 128 {
+                        2
+                    } else {
+                        3
+                    },
+                )
+            })
+            .collect();
+        let pick = |dtype, m, n, k| {
+            GemmConfig::choose(dtype, m, n, k, &available, 132).map(|c| (c.bm, c.bn))
+        };
+        use QuantDtype::{Float8E4m3fn as F8, Int8 as I8};
+        // The fastest configurations measured on an H200 (BENCHMARKS.md).
+        assert_eq!(pick(I8, 8192, 8192, 8192), Some((128, 256)));
+        assert_eq!(pick(I8, 4096, 4096, 4096), Some((128, 256)));
+        assert_eq!(pick(I8, 8192, 2048, 512), Some((128, 256)));
+        assert_eq!(pick(I8, 1500, 384, 384), Some((64, 128)));
+        assert_eq!(pick(I8, 1500, 512, 2048), Some((64, 128)));
+        assert_eq!(pick(F8, 4096, 4096, 4096), Some((128, 128)));
+        assert_eq!(pick(F8, 8192, 2048, 512), Some((128, 128)));
+        assert_eq!(pick(F8, 1500, 384, 384), Some((64, 64)));
+        // GELU epilogues favour more, smaller CTAs on the small shapes.
+        let gelu = |dtype, m, n, k| {
+            GemmConfig::choose_for(dtype, Activation::Gelu, m, n, k, &available, 132)
+                .map(|c| (c.bm, c.bn))
+        };
+        assert_eq!(gelu(I8, 1500, 1536, 384), Some((64, 64)));
+        assert_eq!(gelu(I8, 8192, 8192, 8192), Some((128, 256)));
     }
 
     #[test]

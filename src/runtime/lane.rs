@@ -25,7 +25,7 @@ use cudarc::driver::{
 use cudarc::nvrtc::Ptx;
 
 use super::kernels::{
-    self, parse_resources, Arch, GemmConfig, KernelCache, KernelResources, ModuleOrigin,
+    self, parse_resources, Arch, GemmConfig, GemmKind, KernelCache, KernelResources, ModuleOrigin,
     GEMM_CONFIGS,
 };
 use super::loader;
@@ -35,12 +35,64 @@ use crate::numerics::{
     self, ActScale, Activation, GemmEpilogue, OutDtype, QuantDtype, QuantizedRows, INT8_MAX_K,
 };
 
+/// Which scaled-GEMM kernel families a lane runs (`OASR_CUDA_GEMM`: `auto`, `mma`, `wgmma`).
+///
+/// On a 9.0 device (sm_90a) `Auto` and `Wgmma` run the wgmma kernels (faster than mma.sync on
+/// every `bench-gemm` shape of an H200; for fp8 one family per GPU is also what keeps every
+/// result batch-invariant), `Mma` only the portable mma.sync kernels. Elsewhere every choice
+/// means mma.sync.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GemmPath {
+    Auto,
+    Mma,
+    Wgmma,
+}
+
+impl GemmPath {
+    /// The variable that selects the path.
+    pub const ENV: &'static str = "OASR_CUDA_GEMM";
+
+    /// The path `OASR_CUDA_GEMM` asks for (unset or empty: `Auto`).
+    pub fn from_env() -> Result<Self> {
+        match std::env::var(Self::ENV).unwrap_or_default().trim() {
+            "" | "auto" => Ok(GemmPath::Auto),
+            "mma" | "mma.sync" => Ok(GemmPath::Mma),
+            "wgmma" => Ok(GemmPath::Wgmma),
+            other => Err(Error::InvalidOption {
+                option: Self::ENV.into(),
+                message: format!("`{other}`: expected auto, mma or wgmma"),
+            }),
+        }
+    }
+
+    /// Whether a lane on `arch` with this path runs `config`.
+    pub fn runs(self, arch: Arch, config: &GemmConfig) -> bool {
+        let dtype_ok = match config.dtype {
+            QuantDtype::Int8 => arch.supports_int8(),
+            QuantDtype::Float8E4m3fn => arch.supports_fp8(),
+        };
+        if !dtype_ok {
+            return false;
+        }
+        if !arch.supports_wgmma() {
+            return config.kind == GemmKind::MmaSync;
+        }
+        match self {
+            GemmPath::Mma => config.kind == GemmKind::MmaSync,
+            GemmPath::Auto | GemmPath::Wgmma => config.kind == GemmKind::Wgmma,
+        }
+    }
+}
+
 /// What the lane knows about its GPU and its kernels.
 #[derive(Clone, Debug)]
 pub struct DeviceInfo {
     pub ordinal: usize,
     pub name: String,
+    /// The compilation target of the kernels (`sm_90a` on a 9.0 device).
     pub arch: Arch,
+    /// The kernel families the lane runs.
+    pub gemm_path: GemmPath,
     pub sm_count: usize,
     pub smem_per_sm: usize,
     pub smem_per_block_optin: usize,
@@ -172,6 +224,56 @@ fn check_input_scale(op: &str, s: f32) -> Result<()> {
     Ok(())
 }
 
+/// A TMA tensor map (`CUtensorMap`, 128 opaque bytes), passed by value to the wgmma kernels
+/// (`OasrTmap`, a `__grid_constant__` parameter).
+#[repr(C, align(64))]
+#[derive(Clone, Copy, Debug)]
+struct TensorMap([u64; 16]);
+
+// SAFETY: plain bytes with the layout and alignment of the kernel's `OasrTmap` parameter.
+unsafe impl DeviceRepr for TensorMap {}
+
+/// The tensor map of a row-major [rows, k] 8-bit matrix at device address `ptr`, read in boxes
+/// of 128 bytes of K x `box_rows` rows with the 128-byte swizzle (the wgmma kernels' shared
+/// tile layout); elements outside the matrix read as zero.
+fn tensor_map(ptr: u64, rows: usize, k: usize, box_rows: u32) -> Result<TensorMap> {
+    use cudarc::driver::sys::{
+        cuTensorMapEncodeTiled, CUtensorMap, CUtensorMapDataType, CUtensorMapFloatOOBfill,
+        CUtensorMapInterleave, CUtensorMapL2promotion, CUtensorMapSwizzle,
+    };
+    let dims = [k as u64, rows as u64];
+    let strides = [k as u64]; // bytes between rows (dimension 1)
+    let boxes = [128u32, box_rows];
+    let element_strides = [1u32, 1];
+    let mut map = std::mem::MaybeUninit::<CUtensorMap>::zeroed();
+    // SAFETY: every array holds the rank (2) entries the call reads (strides: rank - 1); the
+    // output is a properly aligned CUtensorMap; the function only encodes, it touches no memory
+    // at `ptr`.
+    unsafe {
+        cuTensorMapEncodeTiled(
+            map.as_mut_ptr(),
+            CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT8,
+            2,
+            ptr as *mut std::ffi::c_void,
+            dims.as_ptr(),
+            strides.as_ptr(),
+            boxes.as_ptr(),
+            element_strides.as_ptr(),
+            CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
+            CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+            CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+        )
+    }
+    .result()
+    .map_err(cuda_err(format!(
+        "TMA tensor map of a [{rows}, {k}] operand (box {box_rows} rows)"
+    )))?;
+    // SAFETY: initialised by the successful call above.
+    let map = unsafe { map.assume_init() };
+    Ok(TensorMap(map.opaque))
+}
+
 impl CudaLane {
     /// The lane on GPU 0, with the module cache of the environment
     /// ([`KernelCache::from_env`]).
@@ -223,7 +325,8 @@ impl CudaLane {
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.new_stream().map_err(cuda_err("stream creation"))?;
         let (major, minor) = ctx.compute_capability().map_err(cuda_err("device query"))?;
-        let arch = Arch::new(major as u32, minor as u32);
+        let arch = Arch::for_device(major as u32, minor as u32);
+        let gemm_path = GemmPath::from_env()?;
         let name = ctx.name().map_err(cuda_err("device query"))?;
         if !arch.supports_int8() {
             return Err(Error::Cuda {
@@ -257,11 +360,7 @@ impl CudaLane {
         };
         let mut gemm = Vec::new();
         for c in GEMM_CONFIGS {
-            let usable = match c.dtype {
-                QuantDtype::Int8 => true,
-                QuantDtype::Float8E4m3fn => arch.supports_fp8(),
-            };
-            if !usable || c.smem_bytes() as usize > smem_per_block_optin {
+            if !gemm_path.runs(arch, &c) || c.smem_bytes() as usize > smem_per_block_optin {
                 continue;
             }
             let f = function(&c.kernel_name())?;
@@ -286,6 +385,7 @@ impl CudaLane {
             ordinal,
             name,
             arch,
+            gemm_path,
             sm_count,
             smem_per_sm,
             smem_per_block_optin,
@@ -396,10 +496,23 @@ impl CudaLane {
     }
 
     /// The configuration [`launch_scaled_mm`](Self::launch_scaled_mm) uses for this shape when
-    /// none is given.
+    /// none is given and the epilogue has no activation.
     pub fn choose_config(
         &self,
         dtype: QuantDtype,
+        m: usize,
+        n: usize,
+        k: usize,
+    ) -> Result<GemmConfig> {
+        self.choose_config_for(dtype, Activation::None, m, n, k)
+    }
+
+    /// The configuration [`launch_scaled_mm`](Self::launch_scaled_mm) uses for this shape and
+    /// epilogue activation when none is given.
+    pub fn choose_config_for(
+        &self,
+        dtype: QuantDtype,
+        activation: Activation,
         m: usize,
         n: usize,
         k: usize,
@@ -409,12 +522,11 @@ impl CudaLane {
             .iter()
             .map(|(c, _, per_sm)| (*c, *per_sm))
             .collect();
-        GemmConfig::choose(dtype, m, n, k, &available, self.info.sm_count).ok_or_else(|| {
-            Error::Cuda {
+        GemmConfig::choose_for(dtype, activation, m, n, k, &available, self.info.sm_count)
+            .ok_or_else(|| Error::Cuda {
                 what: "scaled_mm".into(),
                 message: format!("no {dtype} GEMM kernel runs on {}", self.info.arch),
-            }
-        })
+            })
     }
 
     fn check_dtype(&self, op: &str, dtype: QuantDtype) -> Result<()> {
@@ -512,7 +624,7 @@ impl CudaLane {
         };
         let config = match config {
             Some(c) => c,
-            None => self.choose_config(g.dtype, m, n, k)?,
+            None => self.choose_config_for(g.dtype, g.activation, m, n, k)?,
         };
         let (a_scale, a_scale_value) = match g.a_scale {
             DeviceActScale::PerRow(s) => (self.ptr(s), 0.0),
@@ -537,12 +649,19 @@ impl CudaLane {
             k: k as i32,
             reserved: 0,
         };
-        self.launch_gemm(&config, &params, m, n)?;
+        self.launch_gemm(&config, &params, m, n, k)?;
         Ok(config)
     }
 
-    fn launch_gemm(&self, config: &GemmConfig, p: &GemmParams, m: usize, n: usize) -> Result<()> {
-        let Some((_, f, _)) = self.gemm.iter().find(|(c, _, _)| c == config) else {
+    fn launch_gemm(
+        &self,
+        config: &GemmConfig,
+        p: &GemmParams,
+        m: usize,
+        n: usize,
+        k: usize,
+    ) -> Result<()> {
+        let Some((_, f, per_sm)) = self.gemm.iter().find(|(c, _, _)| c == config) else {
             return Err(Error::Cuda {
                 what: "scaled_mm".into(),
                 message: format!(
@@ -555,6 +674,31 @@ impl CudaLane {
         };
         let ctas = config.ctas(m, n);
         check_i32("scaled_mm", "the number of CTAs", ctas)?;
+        if config.kind == GemmKind::Wgmma {
+            // Persistent: at most one CTA per slot, each looping over output tiles.
+            let grid = ctas.min(per_sm * self.info.sm_count.max(1)).max(1);
+            let ta = tensor_map(p.a, m, k, config.bm)?;
+            let tb = tensor_map(p.w, n, k, config.bn)?;
+            let cfg = LaunchConfig {
+                grid_dim: (grid as u32, 1, 1),
+                block_dim: (config.threads(), 1, 1),
+                shared_mem_bytes: config.smem_bytes(),
+            };
+            // SAFETY: `p` matches the kernel's `GemmParams` (layout asserted on both sides) and
+            // the two tensor maps its `OasrTmap` parameters (128 opaque bytes); every pointer is
+            // a live device buffer whose length was checked against m, n, k, and the maps
+            // describe exactly those [m, k] and [n, k] buffers.
+            unsafe {
+                self.stream
+                    .launch_builder(f)
+                    .arg(p)
+                    .arg(&ta)
+                    .arg(&tb)
+                    .launch(cfg)
+            }
+            .map_err(cuda_err(format!("launch of {}", config.kernel_name())))?;
+            return Ok(());
+        }
         let cfg = LaunchConfig {
             grid_dim: (ctas as u32, 1, 1),
             block_dim: (config.threads(), 1, 1),

@@ -20,7 +20,7 @@ pub mod loader;
 mod params;
 
 pub use kernels::{
-    compile_kernels, Arch, CompiledKernels, GemmConfig, KernelCache, KernelResources, ModuleOrigin,
-    GEMM_CONFIGS,
+    compile_kernels, Arch, CompiledKernels, GemmConfig, GemmKind, KernelCache, KernelResources,
+    ModuleOrigin, GEMM_CONFIGS,
 };
-pub use lane::{CudaLane, DeviceActScale, DeviceGemm, DeviceInfo, DeviceOutput};
+pub use lane::{CudaLane, DeviceActScale, DeviceGemm, DeviceInfo, DeviceOutput, GemmPath};

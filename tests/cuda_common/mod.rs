@@ -35,8 +35,8 @@ pub fn lane(test: &str) -> Option<&'static CudaLane> {
         if let Ok(l) = &lane {
             let i = l.info();
             visible(&format!(
-                "cuda: {} ({}, {} SMs, driver {}), kernels {:?}",
-                i.name, i.arch, i.sm_count, i.driver_version, i.module
+                "cuda: {} ({}, {} SMs, driver {}), GEMM path {:?}, kernels {:?}",
+                i.name, i.arch, i.sm_count, i.driver_version, i.gemm_path, i.module
             ));
         }
         lane

@@ -1,0 +1,721 @@
+// Hopper-native scaled GEMM (sm_90a): warp-specialised, persistent, TMA + mbarrier ring,
+// wgmma.mma_async from 128B-swizzled shared memory, and the same fused epilogue as
+// scaled_mm.cu (common.cuh: oasr_store_pair, the operation order of DESIGN.md section 3).
+//
+// A is [M, K] and W is [N, K] 8-bit codes, both row-major: both K-major, which is what wgmma
+// requires for 8-bit operands. The kernel bodies exist only when compiled for sm_90a
+// (`__CUDA_ARCH_FEAT_SM90_ALL`, NVRTC `--gpu-architecture=sm_90a`); on every other target the
+// entry points are empty stubs, which the runtime never selects.
+//
+// CTA: BM / 64 consumer warpgroups (each owns 64 output rows x BN columns, accumulators in
+// registers), then the producer: a whole warpgroup beside two consumer warpgroups (it hands its
+// registers to them with setmaxnreg), one warp beside one. Every consumer warpgroup starts at a
+// warp index divisible by 4, as wgmma requires. One producer lane feeds a STAGES-deep ring of
+// [BM x 128] + [BN x 128] byte tiles with two `cp.async.bulk.tensor` (TMA) loads per stage,
+// completing on a "full" mbarrier; consumers release a slot through an "empty" mbarrier (one
+// arrival per consumer warp) once the wgmmas reading it have completed. The TMA tensor maps
+// (built on the host by cuTensorMapEncodeTiled, passed as __grid_constant__ parameters) use the
+// 128-byte swizzle: 16-byte chunk c of row r of a tile lands at r * 128 + ((c ^ (r % 8)) * 16),
+// which is the SWIZZLE_128B K-major layout the wgmma shared-memory descriptor names (8-row
+// groups 1024 bytes apart; a k32 step is +32 bytes of the descriptor's start address). Rows past
+// M / N and bytes past K are zero-filled by the TMA unit, so every M >= 1, N % 8 == 0,
+// K % 16 == 0 runs without a fallback.
+//
+// The grid is persistent: CTA b computes output tiles b, b + gridDim.x, ... (grouped
+// rasterisation, OASR_WGMMA_GROUP_M row tiles per group, for L2 reuse), and the producer runs
+// ahead into the next tile while the consumers finish the epilogue of the current one.
+//
+// - int8: wgmma m64nNk32 .s32.s8.s8, exact int32 accumulation over the whole K; the first
+//   wgmma of a tile starts from zero (scale-d = 0). Bit-exact with the CPU reference.
+// - e4m3: wgmma m64nNk32 .f32.e4m3.e4m3 into a temporary accumulator per group of
+//   OASR_WGMMA_FP8_PROMOTE 128-byte K slices (default 1: every 128 elements of K), added into an
+//   f32 master accumulator with __fadd_rn once the group is complete, groups in ascending K
+//   order (Hopper's fp8 wgmma keeps fewer accumulator bits than f32; promoting bounds what it
+//   can lose). Every output element is the same chain for every M and every tile
+//   configuration, so the result is batch-invariant.
+//
+// Epilogue: per consumer warp, EC columns at a time, the accumulators (int8: converted to f32
+// once, nearest-even) go to a per-warp shared scratch (outside the ring, which the producer is
+// already refilling), then the warp writes its 16 rows with coalesced pair stores: the
+// operations of common.cuh's oasr_epilogue_value / oasr_round_to_out, with selects instead of
+// branches in the scaled_mm path (same bits). See docs/cuda.md for why its code size matters.
+//
+// Experiment knobs (NVRTC options through OASR_NVRTC_OPTIONS, part of the module cache key):
+// -DOASR_WGMMA_GROUP_M=n, -DOASR_WGMMA_FP8_PROMOTE=n, -DOASR_WGMMA_EXPERIMENT_NO_EPILOGUE (times
+// the main loop alone; its results are wrong by design).
+
+struct __align__(64) OasrTmap {
+    u64 opaque[16];
+};
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+
+__device__ __forceinline__ void oasr_mbar_init(u32 bar, u32 count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+
+__device__ __forceinline__ void oasr_mbar_expect_tx(u32 bar, u32 bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar),
+                 "r"(bytes)
+                 : "memory");
+}
+
+__device__ __forceinline__ void oasr_mbar_arrive(u32 bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+
+// Spins until the phase of parity `parity` of the barrier has completed.
+__device__ __forceinline__ void oasr_mbar_wait(u32 bar, u32 parity) {
+    u32 done;
+    do {
+        asm volatile(
+            "{\n.reg .pred p;\n"
+            "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+            "selp.u32 %0, 1, 0, p;\n}\n"
+            : "=r"(done)
+            : "r"(bar), "r"(parity)
+            : "memory");
+    } while (!done);
+}
+
+// TMA: the box at (c0 = byte offset along K, c1 = row) of the tensor map into shared memory.
+__device__ __forceinline__ void oasr_tma_load_2d(u32 dst, const OasrTmap* map, int c0, int c1,
+                                                 u32 bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes "
+        "[%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
+        "l"(reinterpret_cast<u64>(map)), "r"(c0), "r"(c1), "r"(bar)
+        : "memory");
+}
+
+__device__ __forceinline__ void oasr_tma_prefetch_map(const OasrTmap* map) {
+    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<u64>(map)) : "memory");
+}
+
+__device__ __forceinline__ void oasr_wgmma_fence() {
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void oasr_wgmma_commit() {
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void oasr_wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+
+// Pins accumulator registers at this point of the program: the wgmma asm statements write
+// them asynchronously, so their readers must not be moved above the wait that completes them.
+template <int R>
+__device__ __forceinline__ void oasr_fence_regs(i32 (&d)[R]) {
+#pragma unroll
+    for (int i = 0; i < R; ++i) asm volatile("" : "+r"(d[i])::"memory");
+}
+template <int R>
+__device__ __forceinline__ void oasr_fence_regs(float (&d)[R]) {
+#pragma unroll
+    for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+// Shared-memory matrix descriptor of a K-major tile with the 128-byte swizzle: start address,
+// leading byte offset 16 (unused for swizzled K-major), stride byte offset 1024 (one 8-row
+// group of 128-byte rows), layout type 1 (128B swizzle). The tile base is 1024-byte aligned.
+__device__ __forceinline__ u64 oasr_wgmma_desc(u32 smem_addr) {
+    return (u64)((smem_addr & 0x3FFFFu) >> 4) | ((u64)1 << 16) | ((u64)(1024 >> 4) << 32) |
+           ((u64)1 << 62);
+}
+
+// wgmma m64nNk32 with both operands from shared memory; scale_d == 0: D = A * B, else
+// D += A * B. Generated: one wrapper per N and dtype.
+__device__ __forceinline__ void oasr_wgmma_s8_n64(i32 (&d)[32], u64 da, u64 db,
+                                        int scale_d) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k32.s32.s8.s8 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+        "}, %32, %33, p;\n}\n"
+        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]),
+          "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15]),
+          "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]), "+r"(d[21]), "+r"(d[22]), "+r"(d[23]),
+          "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]), "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31])
+        : "l"(da), "l"(db), "r"(scale_d));
+}
+
+__device__ __forceinline__ void oasr_wgmma_s8_n128(i32 (&d)[64], u64 da, u64 db,
+                                        int scale_d) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+        "}, %64, %65, p;\n}\n"
+        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]),
+          "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15]),
+          "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]), "+r"(d[21]), "+r"(d[22]), "+r"(d[23]),
+          "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]), "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31]),
+          "+r"(d[32]), "+r"(d[33]), "+r"(d[34]), "+r"(d[35]), "+r"(d[36]), "+r"(d[37]), "+r"(d[38]), "+r"(d[39]),
+          "+r"(d[40]), "+r"(d[41]), "+r"(d[42]), "+r"(d[43]), "+r"(d[44]), "+r"(d[45]), "+r"(d[46]), "+r"(d[47]),
+          "+r"(d[48]), "+r"(d[49]), "+r"(d[50]), "+r"(d[51]), "+r"(d[52]), "+r"(d[53]), "+r"(d[54]), "+r"(d[55]),
+          "+r"(d[56]), "+r"(d[57]), "+r"(d[58]), "+r"(d[59]), "+r"(d[60]), "+r"(d[61]), "+r"(d[62]), "+r"(d[63])
+        : "l"(da), "l"(db), "r"(scale_d));
+}
+
+__device__ __forceinline__ void oasr_wgmma_s8_n256(i32 (&d)[128], u64 da, u64 db,
+                                        int scale_d) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n256k32.s32.s8.s8 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+        "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+        "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
+        "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
+        "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+        "}, %128, %129, p;\n}\n"
+        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]),
+          "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15]),
+          "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]), "+r"(d[21]), "+r"(d[22]), "+r"(d[23]),
+          "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]), "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31]),
+          "+r"(d[32]), "+r"(d[33]), "+r"(d[34]), "+r"(d[35]), "+r"(d[36]), "+r"(d[37]), "+r"(d[38]), "+r"(d[39]),
+          "+r"(d[40]), "+r"(d[41]), "+r"(d[42]), "+r"(d[43]), "+r"(d[44]), "+r"(d[45]), "+r"(d[46]), "+r"(d[47]),
+          "+r"(d[48]), "+r"(d[49]), "+r"(d[50]), "+r"(d[51]), "+r"(d[52]), "+r"(d[53]), "+r"(d[54]), "+r"(d[55]),
+          "+r"(d[56]), "+r"(d[57]), "+r"(d[58]), "+r"(d[59]), "+r"(d[60]), "+r"(d[61]), "+r"(d[62]), "+r"(d[63]),
+          "+r"(d[64]), "+r"(d[65]), "+r"(d[66]), "+r"(d[67]), "+r"(d[68]), "+r"(d[69]), "+r"(d[70]), "+r"(d[71]),
+          "+r"(d[72]), "+r"(d[73]), "+r"(d[74]), "+r"(d[75]), "+r"(d[76]), "+r"(d[77]), "+r"(d[78]), "+r"(d[79]),
+          "+r"(d[80]), "+r"(d[81]), "+r"(d[82]), "+r"(d[83]), "+r"(d[84]), "+r"(d[85]), "+r"(d[86]), "+r"(d[87]),
+          "+r"(d[88]), "+r"(d[89]), "+r"(d[90]), "+r"(d[91]), "+r"(d[92]), "+r"(d[93]), "+r"(d[94]), "+r"(d[95]),
+          "+r"(d[96]), "+r"(d[97]), "+r"(d[98]), "+r"(d[99]), "+r"(d[100]), "+r"(d[101]), "+r"(d[102]), "+r"(d[103]),
+          "+r"(d[104]), "+r"(d[105]), "+r"(d[106]), "+r"(d[107]), "+r"(d[108]), "+r"(d[109]), "+r"(d[110]), "+r"(d[111]),
+          "+r"(d[112]), "+r"(d[113]), "+r"(d[114]), "+r"(d[115]), "+r"(d[116]), "+r"(d[117]), "+r"(d[118]), "+r"(d[119]),
+          "+r"(d[120]), "+r"(d[121]), "+r"(d[122]), "+r"(d[123]), "+r"(d[124]), "+r"(d[125]), "+r"(d[126]), "+r"(d[127])
+        : "l"(da), "l"(db), "r"(scale_d));
+}
+
+__device__ __forceinline__ void oasr_wgmma_e4m3_n64(float (&d)[32], u64 da, u64 db,
+                                        int scale_d) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+        "}, %32, %33, p, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "l"(da), "l"(db), "r"(scale_d));
+}
+
+__device__ __forceinline__ void oasr_wgmma_e4m3_n128(float (&d)[64], u64 da, u64 db,
+                                        int scale_d) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+        "}, %64, %65, p, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "l"(da), "l"(db), "r"(scale_d));
+}
+
+__device__ __forceinline__ void oasr_wgmma_e4m3_n256(float (&d)[128], u64 da, u64 db,
+                                        int scale_d) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n256k32.f32.e4m3.e4m3 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+        "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+        "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
+        "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
+        "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+        "}, %128, %129, p, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+          "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+          "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+          "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+          "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+          "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+          "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+          "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+          "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+        : "l"(da), "l"(db), "r"(scale_d));
+}
+
+template <int BN>
+__device__ __forceinline__ void oasr_wgmma_mma(i32 (&d)[BN / 2], u64 da, u64 db, int scale_d) {
+    if constexpr (BN == 64) {
+        oasr_wgmma_s8_n64(d, da, db, scale_d);
+    } else if constexpr (BN == 128) {
+        oasr_wgmma_s8_n128(d, da, db, scale_d);
+    } else {
+        static_assert(BN == 256, "BN must be 64, 128 or 256");
+        oasr_wgmma_s8_n256(d, da, db, scale_d);
+    }
+}
+template <int BN>
+__device__ __forceinline__ void oasr_wgmma_mma(float (&d)[BN / 2], u64 da, u64 db, int scale_d) {
+    if constexpr (BN == 64) {
+        oasr_wgmma_e4m3_n64(d, da, db, scale_d);
+    } else if constexpr (BN == 128) {
+        oasr_wgmma_e4m3_n128(d, da, db, scale_d);
+    } else {
+        static_assert(BN == 256, "BN must be 64, 128 or 256");
+        oasr_wgmma_e4m3_n256(d, da, db, scale_d);
+    }
+}
+
+// One 128-byte K slice: 4 wgmma k32 steps on stage tiles `a` (this warpgroup's 64 rows) and `b`.
+template <int BN, typename Acc>
+__device__ __forceinline__ void oasr_wgmma_slice(Acc (&d)[BN / 2], u32 a, u32 b, bool accumulate) {
+    const u64 da = oasr_wgmma_desc(a);
+    const u64 db = oasr_wgmma_desc(b);
+    oasr_wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks) {
+        // +32 bytes per k32 step: +2 in the descriptor's (address >> 4) field.
+        oasr_wgmma_mma<BN>(d, da + 2 * ks, db + 2 * ks, (accumulate || ks > 0) ? 1 : 0);
+    }
+    oasr_wgmma_commit();
+}
+
+// Output tile `t` of a tiles_m x tiles_n grid, grouped by OASR_WGMMA_GROUP_M row tiles (as
+// scaled_mm.cu) so that the tiles in flight at once share rows of A and columns of W in L2.
+#ifndef OASR_WGMMA_GROUP_M
+#define OASR_WGMMA_GROUP_M 8
+#endif
+__device__ __forceinline__ void oasr_tile_coords(int t, int tiles_m, int tiles_n, int& tm,
+                                                 int& tn) {
+    constexpr int GROUP_M = OASR_WGMMA_GROUP_M;
+    const int in_group = GROUP_M * tiles_n;
+    const int group = t / in_group;
+    const int first_m = group * GROUP_M;
+    const int group_m = min(tiles_m - first_m, GROUP_M);
+    tm = first_m + (t % in_group) % group_m;
+    tn = (t % in_group) / group_m;
+}
+
+// The per-column operands of the lane's two columns in epilogue pass c (zeros past N).
+template <int EC>
+__device__ __forceinline__ OasrColumns oasr_pass_columns(const GemmParams& p, int col0, int c,
+                                                        int lane) {
+    const int col = col0 + c * EC + (lane % (EC / 2)) * 2;
+    OasrColumns cols = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+    if (col < p.n) {
+        cols = oasr_columns(p.epi, col);
+    }
+    return cols;
+}
+
+// epilogue_value (common.cuh) with the bias selected rather than branched on: the same
+// operations in the same order (no bias: no addition), so the same bits.
+template <int ACT>
+__device__ __forceinline__ float oasr_value_sel(float acc, float weight_scale, float a_scale,
+                                                bool has_bias, float bias) {
+    float v = __fmul_rn(weight_scale, acc);
+    v = __fmul_rn(a_scale, v);
+    const float vb = __fadd_rn(v, bias);
+    v = has_bias ? vb : v;
+    return oasr_activate(ACT, v);
+}
+
+// The epilogue of one consumer warp for activation ACT: rows row_base .. row_base + 15 of the
+// output, columns col0 .. col0 + BN - 1, in BN / EC passes of EC columns. `acc` is in the wgmma
+// D layout (register 4j + e: row lane / 4 + 8 * (e / 2), column 8j + 2 * (lane % 4) + e % 2);
+// slab_scale is the a_scale of row (lane % 16); `cols` holds pass 0's column operands (loaded
+// before the main loop), and each pass loads the next one's while it stores.
+//
+// Code size matters here more than anywhere: the pass loop is not unrolled (only the copy of
+// the pass's accumulators to the scratch is selected per pass, with constant register indices),
+// and ACT is a template parameter, so that a tile runs through one compact copy of the
+// epilogue instead of straight-line code for every pass and every activation (which, at
+// hundreds of kilobytes per kernel, missed the instruction cache on every tile).
+template <int ACT, int BN, int EC, int U, typename Acc>
+__device__ __forceinline__ void oasr_wgmma_epilogue_act(const GemmParams& p,
+                                                        const Acc (&acc)[BN / 2],
+                                                        OasrColumns cols, float* scratch,
+                                                        int row_base, int col0, int lane,
+                                                        float slab_scale) {
+    constexpr int SROW = EC + 8;    // floats per scratch row (conflict-free 8-byte accesses)
+    constexpr int LPR = EC / 2;     // lanes per output row
+    constexpr int RPI = 32 / LPR;   // rows per iteration
+    constexpr int ROWS = 16 / RPI;  // rows per lane
+    constexpr int NC = BN / EC;     // passes
+    static_assert(ROWS % U == 0, "rows per lane must be a multiple of U");
+    // Rows in flight in the scaled_mm path: all of the lane's rows for the short activations,
+    // U for swish and GELU (long chains, many registers each).
+    constexpr int FU = (ACT == OASR_ACT_NONE || ACT == OASR_ACT_RELU) ? ROWS : U;
+    const int g = lane >> 2;
+    const int tq = lane & 3;
+    const int lane_col = (lane % LPR) * 2;
+#ifdef OASR_WGMMA_EXPERIMENT_NO_EPILOGUE
+    // Timing experiment only (never in a real build): the main loop without the epilogue.
+    if (p.m > 0) {
+        return;
+    }
+#endif
+    // The a_scale of each of the lane's rows (the same rows in every pass).
+    float row_scale[ROWS];
+#pragma unroll
+    for (int i = 0; i < ROWS; ++i) {
+        row_scale[i] = __shfl_sync(0xFFFFFFFFu, slab_scale, lane / LPR + i * RPI);
+    }
+#pragma unroll 1
+    for (int c = 0; c < NC; ++c) {
+        if (col0 + c * EC >= p.n) {
+            break;  // warp-uniform: the rest of the tile is past N
+        }
+        const OasrColumns cur = cols;
+        if (c + 1 < NC) {
+            cols = oasr_pass_columns<EC>(p, col0, c + 1, lane);
+        }
+#pragma unroll
+        for (int cc = 0; cc < NC; ++cc) {
+            if (cc == c) {
+#pragma unroll
+                for (int jj = 0; jj < EC / 8; ++jj) {
+                    const int j = cc * (EC / 8) + jj;
+                    float2 lo, hi;
+                    lo.x = oasr_acc_to_f32(acc[4 * j]);
+                    lo.y = oasr_acc_to_f32(acc[4 * j + 1]);
+                    hi.x = oasr_acc_to_f32(acc[4 * j + 2]);
+                    hi.y = oasr_acc_to_f32(acc[4 * j + 3]);
+                    *reinterpret_cast<float2*>(scratch + g * SROW + jj * 8 + tq * 2) = lo;
+                    *reinterpret_cast<float2*>(scratch + (g + 8) * SROW + jj * 8 + tq * 2) = hi;
+                }
+            }
+        }
+        __syncwarp();
+        const int col = col0 + c * EC + lane_col;
+        const bool col_ok = col < p.n;
+        if (p.epi.quant_mult == 0) {
+            // scaled_mm: no branch per output (the output dtype and the bias are the same for
+            // the whole call: selects), so that the rows' chains interleave; the lane's rows
+            // are the same in every pass, so are their a_scales (row_scale); one pointer per
+            // lane steps RPI rows at a time.
+            const bool f16 = p.epi.out_dtype == OASR_OUT_F16;
+            const bool has_bias = p.epi.bias != 0;
+            const i64 step = (i64)RPI * p.n;
+            u16* q = static_cast<u16*>(p.epi.out) + (i64)(row_base + lane / LPR) * p.n + col;
+            int row = row_base + lane / LPR;
+#pragma unroll(FU == ROWS ? 1 : ROWS / FU)
+            for (int it = 0; it < ROWS; it += FU) {
+                float2 v[FU];
+#pragma unroll
+                for (int u = 0; u < FU; ++u) {
+                    const int r = lane / LPR + (it + u) * RPI;
+                    v[u] = *reinterpret_cast<const float2*>(scratch + r * SROW + lane_col);
+                }
+#pragma unroll
+                for (int u = 0; u < FU; ++u) {
+                    const float as = row_scale[it + u];
+                    const float v0 = oasr_value_sel<ACT>(v[u].x, cur.ws0, as, has_bias, cur.b0);
+                    const float v1 = oasr_value_sel<ACT>(v[u].y, cur.ws1, as, has_bias, cur.b1);
+                    const u32 bits = (u32)oasr_round_to_out_sel(f16, v0) |
+                                     ((u32)oasr_round_to_out_sel(f16, v1) << 16);
+                    if (row < p.m && col_ok) {
+                        *reinterpret_cast<u32*>(q) = bits;
+                    }
+                    q += step;
+                    row += RPI;
+                }
+            }
+        } else {
+            // scaled_mm_quant: the shared pair function.
+#pragma unroll 1
+            for (int it = 0; it < ROWS; it += U) {
+                float2 v[U];
+                float a_scale[U];
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const int r = lane / LPR + (it + u) * RPI;
+                    v[u] = *reinterpret_cast<const float2*>(scratch + r * SROW + lane_col);
+                    a_scale[u] = __shfl_sync(0xFFFFFFFFu, slab_scale, r);
+                }
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const int row = row_base + lane / LPR + (it + u) * RPI;
+                    if (row < p.m && col_ok) {
+                        oasr_store_pair_act(p.epi, cur, p.n, row, col, v[u].x, v[u].y,
+                                            a_scale[u], ACT);
+                    }
+                }
+            }
+        }
+        __syncwarp();
+    }
+}
+
+// The epilogue with the activation of the call, dispatched once per tile.
+template <int BN, int EC, int U, typename Acc>
+__device__ __forceinline__ void oasr_wgmma_epilogue(const GemmParams& p, const Acc (&acc)[BN / 2],
+                                                    OasrColumns cols, float* scratch,
+                                                    int row_base, int col0, int lane,
+                                                    float slab_scale) {
+    switch (p.epi.activation) {
+        case OASR_ACT_RELU:
+            oasr_wgmma_epilogue_act<OASR_ACT_RELU, BN, EC, U>(p, acc, cols, scratch, row_base,
+                                                              col0, lane, slab_scale);
+            break;
+        case OASR_ACT_SWISH:
+            oasr_wgmma_epilogue_act<OASR_ACT_SWISH, BN, EC, U>(p, acc, cols, scratch, row_base,
+                                                               col0, lane, slab_scale);
+            break;
+        case OASR_ACT_GELU:
+            oasr_wgmma_epilogue_act<OASR_ACT_GELU, BN, EC, U>(p, acc, cols, scratch, row_base,
+                                                              col0, lane, slab_scale);
+            break;
+        default:
+            oasr_wgmma_epilogue_act<OASR_ACT_NONE, BN, EC, U>(p, acc, cols, scratch, row_base,
+                                                              col0, lane, slab_scale);
+            break;
+    }
+}
+
+template <int N>
+__device__ __forceinline__ void oasr_setmaxnreg_inc() {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N>
+__device__ __forceinline__ void oasr_setmaxnreg_dec() {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+
+// fp8: 128-byte K slices per promotion into the f32 master accumulator (1: every 128 elements
+// of K; 2 and 4 measured no faster on an H200).
+#ifndef OASR_WGMMA_FP8_PROMOTE
+#define OASR_WGMMA_FP8_PROMOTE 1
+#endif
+
+template <bool FP8, int BM, int BN, int STAGES, int EC, int MINB>
+__device__ __forceinline__ void oasr_wgmma_gemm(const GemmParams& p, const OasrTmap& ta,
+                                                const OasrTmap& tb) {
+    constexpr int CW = BM / 64;  // consumer warpgroups
+    constexpr int BK = 128;      // bytes of K per stage: one 128-byte swizzle row
+    constexpr u32 A_STAGE = BM * BK;
+    constexpr u32 B_STAGE = BN * BK;
+    constexpr int SROW = EC + 8;
+    constexpr u32 SCRATCH = CW * 4 * 16 * SROW * 4;
+    constexpr int R = BN / 2;  // accumulator registers per thread
+    constexpr int EPI_U = 4;               // independent epilogue rows per lane
+    static_assert(BM == 64 || BM == 128, "BM must be 64 or 128");
+    static_assert(BM == 64 || MINB == 1, "two consumer warpgroups need the whole SM");
+    static_assert(BN % EC == 0 && (EC == 16 || EC == 32), "EC must be 16 or 32 and divide BN");
+
+    extern __shared__ __align__(1024) u8 oasr_wsmem[];
+    const u32 raw = (u32)__cvta_generic_to_shared(oasr_wsmem);
+    const u32 base = (raw + 1023u) & ~1023u;  // the 128B swizzle repeats every 1024 bytes
+    const u32 sa = base;
+    const u32 sb = sa + STAGES * A_STAGE;
+    const u32 sscratch = sb + STAGES * B_STAGE;
+    const u32 bars = sscratch + SCRATCH;  // full[STAGES], then empty[STAGES]
+    float* scratch_all = reinterpret_cast<float*>(oasr_wsmem + (sscratch - raw));
+
+    const int tid = threadIdx.x;
+    const int warp = tid >> 5;
+    const int lane = tid & 31;
+    const int m = p.m, n = p.n, k = p.k;
+    const int tiles_m = (m + BM - 1) / BM;
+    const int tiles_n = (n + BN - 1) / BN;
+    const int tiles = tiles_m * tiles_n;
+    const int ktiles = (k + BK - 1) / BK;
+    // fp8: K slices per promotion group, and the slices padded in front of the first group.
+    constexpr int PR = FP8 ? OASR_WGMMA_FP8_PROMOTE : 1;
+    const int kslices = (ktiles + PR - 1) / PR * PR;
+    const int kpad = kslices - ktiles;
+
+    if (tid == 0) {
+#pragma unroll
+        for (int s = 0; s < STAGES; ++s) {
+            oasr_mbar_init(bars + 8 * s, 1);
+            oasr_mbar_init(bars + 8 * (STAGES + s), CW * 4);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    if (warp >= CW * 4) {
+        // Producer (a whole warpgroup where there are two consumer warpgroups, so that it can
+        // hand its registers to them; one warp otherwise): one lane issues every TMA load.
+        if constexpr (CW == 2) {
+            oasr_setmaxnreg_dec<40>();
+        }
+        if (warp == CW * 4 && lane == 0) {
+            oasr_tma_prefetch_map(&ta);
+            oasr_tma_prefetch_map(&tb);
+            int s = 0;
+            u32 phase = 0;
+            for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+                int tm, tn;
+                oasr_tile_coords(t, tiles_m, tiles_n, tm, tn);
+                for (int kt = 0; kt < kslices; ++kt) {
+                    const int kk = max(kt - kpad, 0) * BK;
+                    oasr_mbar_wait(bars + 8 * (STAGES + s), phase ^ 1u);
+                    oasr_mbar_expect_tx(bars + 8 * s, A_STAGE + B_STAGE);
+                    oasr_tma_load_2d(sa + s * A_STAGE, &ta, kk, tm * BM, bars + 8 * s);
+                    oasr_tma_load_2d(sb + s * B_STAGE, &tb, kk, tn * BN, bars + 8 * s);
+                    if (++s == STAGES) {
+                        s = 0;
+                        phase ^= 1u;
+                    }
+                }
+            }
+        }
+    } else {
+        // Consumers.
+        if constexpr (CW == 2) {
+            oasr_setmaxnreg_inc<232>();
+        }
+        const int cw = warp >> 2;
+        const int wq = warp & 3;
+        float* scratch = scratch_all + warp * 16 * SROW;
+        const u32 a_off = cw * 64 * BK;
+        int s = 0;
+        u32 phase = 0;
+        for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+            int tm, tn;
+            oasr_tile_coords(t, tiles_m, tiles_n, tm, tn);
+            const int row_base = tm * BM + cw * 64 + wq * 16;
+            const int col0 = tn * BN;
+            // Epilogue operands, loaded now so that their latency hides behind the main loop:
+            // the a_scale of row (lane % 16) of this warp's 16 rows, the first pass's columns.
+            const int srow = row_base + (lane & 15);
+            const float slab_scale = p.epi.a_scale == 0 ? p.epi.a_scale_value
+                                     : srow < m         ? p.epi.a_scale[srow]
+                                                        : 0.0f;
+            const OasrColumns cols0 = oasr_pass_columns<EC>(p, col0, 0, lane);
+            if constexpr (!FP8) {
+                i32 acc[R];
+#pragma unroll
+                for (int i = 0; i < R; ++i) acc[i] = 0;
+                int prev = 0;
+                for (int kt = 0; kt < ktiles; ++kt) {
+                    oasr_mbar_wait(bars + 8 * s, phase);
+                    oasr_fence_regs(acc);
+                    oasr_wgmma_slice<BN>(acc, sa + s * A_STAGE + a_off, sb + s * B_STAGE,
+                                         kt > 0);
+                    oasr_wgmma_wait<1>();  // the previous slice is done: release its slot
+                    oasr_fence_regs(acc);
+                    if (kt > 0 && lane == 0) {
+                        oasr_mbar_arrive(bars + 8 * (STAGES + prev));
+                    }
+                    prev = s;
+                    if (++s == STAGES) {
+                        s = 0;
+                        phase ^= 1u;
+                    }
+                }
+                oasr_wgmma_wait<0>();
+                oasr_fence_regs(acc);
+                if (lane == 0) {
+                    oasr_mbar_arrive(bars + 8 * (STAGES + prev));
+                }
+                oasr_wgmma_epilogue<BN, EC, EPI_U>(p, acc, cols0, scratch, row_base, col0, lane,
+                                                   slab_scale);
+            } else {
+                // Groups of PR consecutive 128-byte K slices go into a temporary accumulator
+                // (the group's first wgmma with scale-d = 0), which is added into the master
+                // accumulator once the group's wgmmas are complete: groups in ascending K
+                // order, one __fadd_rn per group and element. No wgmma of this warpgroup is in
+                // flight during the addition (ptxas serializes wgmmas whose accumulators are
+                // read while others run); the other consumer warpgroup, or another CTA on the
+                // SM, keeps the tensor cores busy meanwhile. A K that is not a whole number of
+                // groups is padded at the front with copies of slice 0 that the first real
+                // slice overwrites (scale-d = 0), so the loop has no branch around a wgmma.
+                float master[R], t[R];
+#pragma unroll
+                for (int i = 0; i < R; ++i) {
+                    master[i] = 0.0f;
+                    t[i] = 0.0f;
+                }
+                for (int i = 0; i < kslices; i += PR) {
+                    int slots[PR];
+#pragma unroll
+                    for (int j = 0; j < PR; ++j) {
+                        oasr_mbar_wait(bars + 8 * s, phase);
+                        oasr_fence_regs(t);
+                        oasr_wgmma_slice<BN>(t, sa + s * A_STAGE + a_off, sb + s * B_STAGE,
+                                             j != 0 && i + j > kpad);
+                        slots[j] = s;
+                        if (++s == STAGES) {
+                            s = 0;
+                            phase ^= 1u;
+                        }
+                    }
+                    oasr_wgmma_wait<0>();
+                    oasr_fence_regs(t);
+                    if (lane == 0) {
+#pragma unroll
+                        for (int j = 0; j < PR; ++j) {
+                            oasr_mbar_arrive(bars + 8 * (STAGES + slots[j]));
+                        }
+                    }
+#pragma unroll
+                    for (int e = 0; e < R; ++e) master[e] = __fadd_rn(master[e], t[e]);
+                }
+                oasr_wgmma_epilogue<BN, EC, EPI_U>(p, master, cols0, scratch, row_base, col0,
+                                                   lane, slab_scale);
+            }
+        }
+    }
+}
+
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define OASR_WGMMA_BODY(...) __VA_ARGS__
+#else
+#define OASR_WGMMA_BODY(...)
+#endif
+
+// One extern "C" entry point per (dtype, configuration): BM x BN output tile, STAGES-deep
+// ring, EC epilogue columns per pass, MINB CTAs per SM. The name encodes the configuration,
+// which src/runtime/kernels.rs lists with the same numbers.
+//
+// Registers: an SM's register file is split among its 4 sub-partitions, warp w of a CTA on
+// sub-partition w % 4 (16384 registers each). BM = 128: 2 consumer warpgroups and a producer
+// warpgroup (384 threads), __launch_bounds__(384, 1) caps them at 168 at entry, then
+// setmaxnreg moves the producer's registers to the consumers (40 / 232).
+// BM = 64: one consumer warpgroup and one producer warp (160 threads), capped with __maxnreg__
+// so that MINB CTAs fit on the busiest sub-partition.
+#define OASR_WGMMA_ATTR_128(MINB) __launch_bounds__(384, MINB)
+#define OASR_WGMMA_ATTR_64(MINB) __maxnreg__((512 / ((5 * (MINB) + 3) / 4)) / 8 * 8)
+#define OASR_WGMMA_KERNEL(D, FP8, BM, BN, ST, EC, MINB)                                        \
+    extern "C" __global__ void OASR_WGMMA_ATTR_##BM(MINB)                                     \
+        oasr_scaled_mm_wgmma_##D##_##BM##x##BN##_s##ST##_e##EC(                              \
+            const __grid_constant__ GemmParams p, const __grid_constant__ OasrTmap ta,        \
+            const __grid_constant__ OasrTmap tb) {                                            \
+        OASR_WGMMA_BODY(oasr_wgmma_gemm<FP8, BM, BN, ST, EC, MINB>(p, ta, tb);)              \
+    }
+#define OASR_WGMMA_I8(BM, BN, ST, EC, MINB) OASR_WGMMA_KERNEL(i8, false, BM, BN, ST, EC, MINB)
+#define OASR_WGMMA_E4M3(BM, BN, ST, EC, MINB) OASR_WGMMA_KERNEL(e4m3, true, BM, BN, ST, EC, MINB)
+
+OASR_WGMMA_I8(128, 256, 4, 32, 1)
+OASR_WGMMA_I8(128, 128, 6, 32, 1)
+OASR_WGMMA_I8(64, 128, 4, 32, 2)
+OASR_WGMMA_I8(64, 64, 4, 16, 3)
+OASR_WGMMA_E4M3(128, 128, 6, 32, 1)
+OASR_WGMMA_E4M3(64, 128, 4, 32, 2)
+OASR_WGMMA_E4M3(64, 64, 4, 16, 3)
