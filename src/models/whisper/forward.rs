@@ -52,6 +52,12 @@ impl Linear {
 pub trait LinearExec {
     /// `x` is `[rows, in]`; returns `[rows, out]`.
     fn linear(&mut self, layer: &Linear, x: &Tensor) -> Result<Tensor>;
+
+    /// The layer followed by exact-erf GELU (the FFN's fc1). An executor whose GEMM applies the
+    /// activation in its epilogue (a GEMM-chain producer) overrides this.
+    fn linear_gelu(&mut self, layer: &Linear, x: &Tensor) -> Result<Tensor> {
+        self.linear(layer, x)?.gelu_erf().map_err(ce(&layer.name))
+    }
 }
 
 /// Plain fp32.
@@ -264,8 +270,7 @@ struct Ffn {
 
 impl Ffn {
     fn forward(&self, exec: &mut dyn LinearExec, x: &Tensor) -> Result<Tensor> {
-        let h = exec.linear(&self.fc1, &self.norm.forward(x)?)?;
-        let h = h.gelu_erf().map_err(ce(&self.fc1.name))?;
+        let h = exec.linear_gelu(&self.fc1, &self.norm.forward(x)?)?;
         exec.linear(&self.fc2, &h)
     }
 }
