@@ -8,7 +8,8 @@ use std::sync::Mutex;
 use crate::algorithms::static_inputs::{self, StaticInput, StaticInputOptions};
 use crate::algorithms::{self, rtn, smoothquant, WorkingTensors};
 use crate::calibration::{
-    self, AbsHistogram, AbsMaxObserver, CalibrationSet, HistogramObserver, Manifest,
+    self, AbsHistogram, AbsMaxObserver, CalibrationSet, HistogramObserver, HistogramTarget,
+    Manifest,
 };
 use crate::checkpoint::{
     self, Checkpoint, DType, NativeConfig, StagedDir, Tensor, TensorPlan, CONFIG_FILE, REPORT_FILE,
@@ -250,21 +251,11 @@ impl Quantizer {
         for step in &mut recipe.algorithms {
             match step.name.as_str() {
                 "smoothquant" => {
-                    let alpha = match step.options.get("alpha") {
-                        None => smoothquant::DEFAULT_ALPHA,
-                        Some(v) => v.as_f64().ok_or_else(|| {
-                            Error::option("smoothquant.alpha", format!("{v} is not a number"))
-                        })? as f32,
-                    };
-                    if !(alpha > 0.0 && alpha < 1.0) {
-                        return Err(Error::option(
-                            "smoothquant.alpha",
-                            format!("{alpha} is outside (0, 1)"),
-                        ));
-                    }
+                    let alpha = alpha_option(step, "alpha")?.unwrap_or(smoothquant::DEFAULT_ALPHA);
                     step.options
                         .insert("alpha".into(), serde_json::Value::from(f64::from(alpha)));
                     plan.alpha = Some(alpha);
+                    plan.static_alpha = alpha_option(step, "static_alpha")?;
                 }
                 "static_inputs" | "static_conv_inputs" => {
                     let options = StaticInputOptions::parse(&step.name, &step.options)?;
@@ -315,6 +306,22 @@ impl Quantizer {
             files_read.extend(set.utterances.iter().map(|u| u.audio.clone()));
             let quantized: HashSet<String> =
                 selection.selected.iter().map(|l| l.name.clone()).collect();
+            // The layers that get a static input scale, with their observer options.
+            let mut static_layers: BTreeMap<String, StaticInputOptions> = BTreeMap::new();
+            if let Some(o) = run_plan.static_inputs {
+                for consumer in static_inputs::chain_consumers(&layout, &quantized) {
+                    static_layers.insert(consumer, o);
+                }
+            }
+            if let Some(o) = run_plan.static_conv_inputs {
+                for conv in selection
+                    .selected
+                    .iter()
+                    .filter(|l| l.kind.is_spatial_conv())
+                {
+                    static_layers.insert(conv.name.clone(), o);
+                }
+            }
             if let Some(alpha) = run_plan.alpha {
                 let observed: AbsMaxObserver = calibration_pass(
                     &mut self.progress,
@@ -324,31 +331,36 @@ impl Quantizer {
                     || FullPrecision,
                     AbsMaxObserver::default,
                 )?;
-                let groups = smoothquant::plan(&layout, &quantized, &observed, &working, alpha)?;
+                // A group whose consumers all take a static scale migrates with its own α: a
+                // per-tensor scale suffers more from outlier channels than a per-token one.
+                let static_alpha = run_plan.static_alpha.unwrap_or(alpha);
+                let alpha_of = |consumers: &[String]| {
+                    if consumers.iter().all(|c| static_layers.contains_key(c)) {
+                        static_alpha
+                    } else {
+                        alpha
+                    }
+                };
+                let groups =
+                    smoothquant::plan_with(&layout, &quantized, &observed, &working, alpha_of)?;
                 let smooth_inv = smoothquant::apply(&groups, &mut working)?;
                 smoothing = Smoothing { groups, smooth_inv };
             }
-            // Each static layer with the smoother its input is multiplied by, and its options.
-            let mut targets: BTreeMap<String, Option<Vec<f32>>> = BTreeMap::new();
-            let mut options: BTreeMap<String, StaticInputOptions> = BTreeMap::new();
-            if let Some(o) = run_plan.static_inputs {
-                for consumer in static_inputs::chain_consumers(&layout, &quantized) {
-                    targets.insert(
-                        consumer.clone(),
-                        smoothing.smooth_inv.get(&consumer).cloned(),
-                    );
-                    options.insert(consumer, o);
-                }
-            }
-            if let Some(o) = run_plan.static_conv_inputs {
-                for conv in selection
-                    .selected
-                    .iter()
-                    .filter(|l| l.kind.is_spatial_conv())
-                {
-                    targets.insert(conv.name.clone(), None);
-                    options.insert(conv.name.clone(), o);
-                }
+            // Each static layer: the smoother its input is multiplied by, the weights of its
+            // input channels (so the clip search measures the error at the layer's output), and
+            // its options.
+            let mut targets: BTreeMap<String, HistogramTarget> = BTreeMap::new();
+            for (layer, _) in &static_layers {
+                let name = format!("{layer}.weight");
+                let w = working.get(&name)?;
+                let cols = working.shape(&name)?.iter().skip(1).product::<usize>();
+                targets.insert(
+                    layer.clone(),
+                    HistogramTarget {
+                        smooth_inv: smoothing.smooth_inv.get(layer).cloned(),
+                        channel_weights: Some(calibration::channel_weights(&w, cols)),
+                    },
+                );
             }
             if !targets.is_empty() {
                 // Pass 2 runs the smoothed model, so each histogram is of the input the layer's
@@ -371,7 +383,7 @@ impl Quantizer {
                     || HistogramObserver::new(&targets),
                 )?;
                 let empty = AbsHistogram::default();
-                for (layer, o) in &options {
+                for (layer, o) in &static_layers {
                     let hist = observed.histograms.get(layer).unwrap_or(&empty);
                     statics.insert(
                         layer.clone(),
@@ -476,6 +488,7 @@ impl Quantizer {
                         relative_weight_error: q.relative_error,
                         smooth: group.map_or(SmoothFold::None, |g| g.fold),
                         smoothed_into: group.and_then(|g| g.smoothed_into.clone()),
+                        smoothing_alpha: group.map(|g| g.alpha),
                         smoothing_factor_min: factors.map(|r| r.0),
                         smoothing_factor_max: factors.map(|r| r.1),
                         input_absmax_min: absmax.map(|r| r.0),
@@ -622,11 +635,28 @@ fn smoothed_checkpoint(
     out
 }
 
+/// A SmoothQuant migration strength option, checked to lie in (0, 1).
+fn alpha_option(step: &AlgorithmStep, key: &str) -> Result<Option<f32>> {
+    let Some(v) = step.options.get(key) else {
+        return Ok(None);
+    };
+    let option = format!("{}.{key}", step.name);
+    let alpha = v
+        .as_f64()
+        .ok_or_else(|| Error::option(&option, format!("{v} is not a number")))?;
+    if !(alpha > 0.0 && alpha < 1.0) {
+        return Err(Error::option(option, format!("{alpha} is outside (0, 1)")));
+    }
+    Ok(Some(alpha as f32))
+}
+
 /// What the recipe's algorithms need, parsed and validated before any work.
 #[derive(Default)]
 struct RunPlan {
     /// SmoothQuant's α, when it runs.
     alpha: Option<f32>,
+    /// SmoothQuant's α for groups whose consumers all take a static input scale.
+    static_alpha: Option<f32>,
     static_inputs: Option<StaticInputOptions>,
     static_conv_inputs: Option<StaticInputOptions>,
 }

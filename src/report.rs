@@ -23,6 +23,9 @@ pub struct LayerReport {
     pub smooth: SmoothFold,
     /// The module that absorbed 1/s (a norm or the V projection); null for runtime or none.
     pub smoothed_into: Option<String>,
+    /// The migration strength α its smoothing group used.
+    #[serde(default)]
+    pub smoothing_alpha: Option<f32>,
     pub smoothing_factor_min: Option<f32>,
     pub smoothing_factor_max: Option<f32>,
     /// The calibrated per-channel max |x| of the layer's input (before smoothing).

@@ -221,7 +221,7 @@ mod tests {
     #[test]
     fn the_scale_is_the_clip_over_q_with_the_amax_floor() {
         let mut h = AbsHistogram::default();
-        h.add_rows(&[0.5, -2.0, 1.0], 1, None);
+        h.add_rows(&[0.5, -2.0, 1.0], 1, None, None);
         let s = static_input("l", &h, parse(&[]).unwrap(), QuantDtype::Int8).unwrap();
         assert!(s.clip > 0.0 && s.clip <= 2.0);
         assert_eq!(s.input_scale, s.clip / 127.0);
@@ -237,7 +237,7 @@ mod tests {
             (2.0, 1.0, 2.0 / 448.0)
         );
         let mut zeros = AbsHistogram::default();
-        zeros.add_rows(&[0.0; 4], 1, None);
+        zeros.add_rows(&[0.0; 4], 1, None, None);
         let s = static_input("l", &zeros, parse(&[]).unwrap(), QuantDtype::Int8).unwrap();
         assert_eq!(s.input_scale, numerics::AMAX_FLOOR / 127.0);
         let e = static_input(

@@ -5,7 +5,10 @@ mod manifest;
 mod observer;
 mod run;
 
-pub use histogram::{AbsHistogram, ClipObserver, HistogramObserver, BINS as HISTOGRAM_BINS};
+pub use histogram::{
+    channel_weights, AbsHistogram, ClipObserver, HistogramObserver, HistogramTarget,
+    BINS as HISTOGRAM_BINS,
+};
 pub use manifest::{Manifest, Utterance};
 pub use observer::{AbsMaxObserver, Observer, ObservingExec};
 pub use run::{observe, observe_with, CalibrationSet, DEFAULT_UTTERANCES};
