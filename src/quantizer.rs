@@ -290,6 +290,24 @@ impl Quantizer {
             dtype,
             run_plan.static_conv_inputs.is_some() && self.calib_manifest.is_some(),
         )?;
+        let quantized: HashSet<String> =
+            selection.selected.iter().map(|l| l.name.clone()).collect();
+        // The layers that get a static input scale, with their observer options.
+        let mut static_layers: BTreeMap<String, StaticInputOptions> = BTreeMap::new();
+        if let Some(o) = &run_plan.static_inputs {
+            for consumer in static_inputs::chain_consumers(&layout, &quantized, o)? {
+                static_layers.insert(consumer, o.clone());
+            }
+        }
+        if let Some(o) = &run_plan.static_conv_inputs {
+            for conv in selection
+                .selected
+                .iter()
+                .filter(|l| l.kind.is_spatial_conv())
+            {
+                static_layers.insert(conv.name.clone(), o.clone());
+            }
+        }
         let source_files = hash_files(&source, &mut self.progress)?;
         let mut files_read = source.files_read.clone();
 
@@ -304,24 +322,6 @@ impl Quantizer {
             let set = CalibrationSet::select(&manifest, self.calib_utterances, t.sample_rate)?;
             files_read.push(manifest_path.clone());
             files_read.extend(set.utterances.iter().map(|u| u.audio.clone()));
-            let quantized: HashSet<String> =
-                selection.selected.iter().map(|l| l.name.clone()).collect();
-            // The layers that get a static input scale, with their observer options.
-            let mut static_layers: BTreeMap<String, StaticInputOptions> = BTreeMap::new();
-            if let Some(o) = run_plan.static_inputs {
-                for consumer in static_inputs::chain_consumers(&layout, &quantized) {
-                    static_layers.insert(consumer, o);
-                }
-            }
-            if let Some(o) = run_plan.static_conv_inputs {
-                for conv in selection
-                    .selected
-                    .iter()
-                    .filter(|l| l.kind.is_spatial_conv())
-                {
-                    static_layers.insert(conv.name.clone(), o);
-                }
-            }
             if let Some(alpha) = run_plan.alpha {
                 let observed: AbsMaxObserver = calibration_pass(
                     &mut self.progress,
@@ -350,7 +350,7 @@ impl Quantizer {
             // input channels (so the clip search measures the error at the layer's output), and
             // its options.
             let mut targets: BTreeMap<String, HistogramTarget> = BTreeMap::new();
-            for (layer, _) in &static_layers {
+            for layer in static_layers.keys() {
                 let name = format!("{layer}.weight");
                 let w = working.get(&name)?;
                 let cols = working.shape(&name)?.iter().skip(1).product::<usize>();
@@ -387,7 +387,7 @@ impl Quantizer {
                     let hist = observed.histograms.get(layer).unwrap_or(&empty);
                     statics.insert(
                         layer.clone(),
-                        static_inputs::static_input(layer, hist, *o, dtype)?,
+                        static_inputs::static_input(layer, hist, o, dtype)?,
                     );
                 }
             }

@@ -28,13 +28,13 @@ const REGISTRY: &[Registered] = &[
     },
     Registered {
         name: "smoothquant",
-        options: &["alpha"],
+        options: &["alpha", "static_alpha"],
         missing: None,
         what: "SmoothQuant activation smoothing from calibration",
     },
     Registered {
         name: "static_inputs",
-        options: &["observer", "percentile"],
+        options: &["observer", "percentile", "exclude"],
         missing: None,
         what: "calibrated static input scales of GEMM-chain consumers",
     },

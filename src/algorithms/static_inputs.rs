@@ -16,9 +16,11 @@ use crate::numerics::{self, QuantDtype};
 pub const DEFAULT_PERCENTILE: f64 = 99.99;
 
 /// The observer options of a static-scale algorithm, validated.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct StaticInputOptions {
     pub observer: ClipObserver,
+    /// Layers (globs) that keep their per-token input: no static scale, so no chain arms.
+    pub exclude: Vec<String>,
 }
 
 impl StaticInputOptions {
@@ -62,6 +64,28 @@ impl StaticInputOptions {
                 ))
             }
         };
+        let exclude = match options.get("exclude") {
+            None => Vec::new(),
+            Some(Value::String(g)) => vec![g.clone()],
+            Some(Value::Array(items)) => items
+                .iter()
+                .map(|v| {
+                    v.as_str().map(str::to_string).ok_or_else(|| {
+                        Error::option(key("exclude"), format!("{v} is not a glob string"))
+                    })
+                })
+                .collect::<Result<_>>()?,
+            Some(other) => {
+                return Err(Error::option(
+                    key("exclude"),
+                    format!("{other} is not a glob or a list of globs"),
+                ))
+            }
+        };
+        for g in &exclude {
+            glob::Pattern::new(g)
+                .map_err(|e| Error::option(key("exclude"), format!("invalid glob `{g}`: {e}")))?;
+        }
         if percentile.is_some() && !matches!(observer, ClipObserver::Percentile(_)) {
             return Err(Error::option(
                 key("percentile"),
@@ -71,7 +95,7 @@ impl StaticInputOptions {
                 ),
             ));
         }
-        Ok(StaticInputOptions { observer })
+        Ok(StaticInputOptions { observer, exclude })
     }
 
     /// The effective options, as `producer.algorithms` records them.
@@ -81,20 +105,49 @@ impl StaticInputOptions {
         if let ClipObserver::Percentile(p) = self.observer {
             out.insert("percentile".into(), Value::from(p));
         }
+        if !self.exclude.is_empty() {
+            out.insert("exclude".into(), Value::from(self.exclude.clone()));
+        }
         out
+    }
+
+    /// Whether `layer` is excluded from static scales.
+    pub fn excludes(&self, layer: &str) -> bool {
+        self.exclude
+            .iter()
+            .filter_map(|g| glob::Pattern::new(g).ok())
+            .any(|p| p.matches(layer))
     }
 }
 
 /// The GEMM-chain consumers that get a static input scale: those whose producer is quantized
-/// too, so the chain can arm. (A consumer whose producer stays full precision keeps its
-/// per-token input: a static scale would only cost accuracy there.)
-pub fn chain_consumers(layout: &QuantizationLayout, quantized: &HashSet<String>) -> Vec<String> {
-    layout
+/// too, so the chain can arm, and that `exclude` does not name. (A consumer whose producer stays
+/// full precision keeps its per-token input: a static scale would only cost accuracy there.)
+/// An exclude glob that matches no chain consumer is an error naming it.
+pub fn chain_consumers(
+    layout: &QuantizationLayout,
+    quantized: &HashSet<String>,
+    options: &StaticInputOptions,
+) -> Result<Vec<String>> {
+    for g in &options.exclude {
+        let one = StaticInputOptions {
+            observer: options.observer,
+            exclude: vec![g.clone()],
+        };
+        if !layout.gemm_chains.iter().any(|c| one.excludes(&c.consumer)) {
+            return Err(Error::option(
+                "static_inputs.exclude",
+                format!("`{g}` matches no GEMM-chain consumer of this model"),
+            ));
+        }
+    }
+    Ok(layout
         .gemm_chains
         .iter()
         .filter(|c| quantized.contains(&c.producer) && quantized.contains(&c.consumer))
+        .filter(|c| !options.excludes(&c.consumer))
         .map(|c| c.consumer.clone())
-        .collect()
+        .collect())
 }
 
 /// A calibrated static input scale and how it was chosen (recorded in the report).
@@ -121,7 +174,7 @@ pub struct StaticInput {
 pub fn static_input(
     layer: &str,
     hist: &AbsHistogram,
-    options: StaticInputOptions,
+    options: &StaticInputOptions,
     dtype: QuantDtype,
 ) -> Result<StaticInput> {
     if hist.count() == 0 {
@@ -212,6 +265,15 @@ mod tests {
                 "static_inputs.percentile",
             ),
             (vec![("percentile", json!(99))], "static_inputs.percentile"),
+            (vec![("exclude", json!(3))], "static_inputs.exclude"),
+            (
+                vec![("exclude", json!(["ok.*", 4]))],
+                "static_inputs.exclude",
+            ),
+            (
+                vec![("exclude", json!("[unclosed"))],
+                "static_inputs.exclude",
+            ),
         ] {
             let e = parse(&pairs).unwrap_err().to_string();
             assert!(e.contains(needle), "{pairs:?}: {e}");
@@ -219,16 +281,52 @@ mod tests {
     }
 
     #[test]
+    fn exclude_keeps_chain_consumers_per_token_and_must_match() {
+        use crate::models::GemmChainLayout;
+        let layout = QuantizationLayout {
+            gemm_chains: ["encoder.layers.0", "decoder.layers.0"]
+                .iter()
+                .map(|p| GemmChainLayout {
+                    producer: format!("{p}.fc1"),
+                    consumer: format!("{p}.fc2"),
+                })
+                .collect(),
+            ..Default::default()
+        };
+        let all: HashSet<String> = layout
+            .gemm_chains
+            .iter()
+            .flat_map(|c| [c.producer.clone(), c.consumer.clone()])
+            .collect();
+        let o = parse(&[("exclude", json!("encoder.*"))]).unwrap();
+        assert_eq!(o.record()["exclude"], json!(["encoder.*"]));
+        assert_eq!(
+            chain_consumers(&layout, &all, &o).unwrap(),
+            ["decoder.layers.0.fc2"]
+        );
+        // A chain whose producer stays full precision gets no static scale.
+        let mut no_fc1 = all.clone();
+        no_fc1.remove("decoder.layers.0.fc1");
+        assert!(chain_consumers(&layout, &no_fc1, &o).unwrap().is_empty());
+        let o = parse(&[("exclude", json!(["decoder.*", "conformer.*"]))]).unwrap();
+        let e = chain_consumers(&layout, &all, &o).unwrap_err().to_string();
+        assert!(
+            e.contains("static_inputs.exclude") && e.contains("conformer.*"),
+            "{e}"
+        );
+    }
+
+    #[test]
     fn the_scale_is_the_clip_over_q_with_the_amax_floor() {
         let mut h = AbsHistogram::default();
         h.add_rows(&[0.5, -2.0, 1.0], 1, None, None);
-        let s = static_input("l", &h, parse(&[]).unwrap(), QuantDtype::Int8).unwrap();
+        let s = static_input("l", &h, &parse(&[]).unwrap(), QuantDtype::Int8).unwrap();
         assert!(s.clip > 0.0 && s.clip <= 2.0);
         assert_eq!(s.input_scale, s.clip / 127.0);
         let s = static_input(
             "l",
             &h,
-            parse(&[("observer", json!("minmax"))]).unwrap(),
+            &parse(&[("observer", json!("minmax"))]).unwrap(),
             QuantDtype::Float8E4m3fn,
         )
         .unwrap();
@@ -238,12 +336,12 @@ mod tests {
         );
         let mut zeros = AbsHistogram::default();
         zeros.add_rows(&[0.0; 4], 1, None, None);
-        let s = static_input("l", &zeros, parse(&[]).unwrap(), QuantDtype::Int8).unwrap();
+        let s = static_input("l", &zeros, &parse(&[]).unwrap(), QuantDtype::Int8).unwrap();
         assert_eq!(s.input_scale, numerics::AMAX_FLOOR / 127.0);
         let e = static_input(
             "enc.fc2",
             &AbsHistogram::default(),
-            parse(&[]).unwrap(),
+            &parse(&[]).unwrap(),
             QuantDtype::Int8,
         )
         .unwrap_err();

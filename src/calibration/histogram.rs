@@ -194,10 +194,17 @@ impl AbsHistogram {
         self.max()
     }
 
-    /// The clip minimising the expected squared quantization error: values inside the clip
-    /// contribute the rounding noise step² / 12 of the code at their magnitude (v² when that is
-    /// smaller: they round to 0), clipped values (|x| − clip)², each times its weight. Candidates are every bin edge below the max and the
-    /// max itself; each bin's values are taken at its centre (the top bin's at most the max).
+    /// The clip by expected squared quantization error (docs/calibration.md): values inside the
+    /// clip contribute the rounding noise step² / 12 of the code at their magnitude (v² when
+    /// that is smaller: they round to 0), clipped values (|x| − clip)², each times its weight;
+    /// each bin's values are taken at its centre (the top bin's at most the max).
+    ///
+    /// int8: the candidate minimising it among every bin edge below the max and the max (ties
+    /// to the larger). e4m3: the error inside the range is relative to the value whatever the
+    /// scale, so clipping calibrated values only adds bias; the clip is the max times the
+    /// largest power of two up to 2^FP8_MAX_HEADROOM whose error stays within
+    /// FP8_HEADROOM_TOLERANCE of the error at the max (headroom for activations calibration
+    /// never saw, paid for only by values pushed into the subnormal range).
     fn mse_clip(&self, dtype: QuantDtype) -> f32 {
         let w = f64::from(self.bin_width());
         let max = f64::from(self.max());
@@ -213,31 +220,51 @@ impl AbsHistogram {
             .filter(|(_, &c)| c > 0)
             .map(|(i, &c)| (((i as f64 + 0.5) * w).min(max), c as f64))
             .collect();
-        let last = self.counts.iter().rposition(|&c| c > 0).unwrap_or(0);
-        let (mut best, mut best_cost) = (self.max(), f64::INFINITY);
-        for t in 0..=last {
-            let clip = self.edge(t);
-            let c = f64::from(clip);
-            let mut cost = 0.0;
-            for &(v, n) in &bins {
-                let e = if v > c {
-                    (v - c) * (v - c)
-                } else {
-                    // A value far below the step rounds to 0 with error v², not step² / 12.
-                    let step = step_at(dtype, v, c);
-                    (step * step / 12.0).min(v * v)
-                };
-                cost += n * e;
+        let cost = |c: f64| -> f64 {
+            bins.iter()
+                .map(|&(v, n)| {
+                    let e = if v > c {
+                        (v - c) * (v - c)
+                    } else {
+                        // A value far below the step rounds to 0 with error v², not step² / 12.
+                        let step = step_at(dtype, v, c);
+                        (step * step / 12.0).min(v * v)
+                    };
+                    n * e
+                })
+                .sum()
+        };
+        match dtype {
+            QuantDtype::Int8 => {
+                let last = self.counts.iter().rposition(|&c| c > 0).unwrap_or(0);
+                let (mut best, mut best_cost) = (self.max(), f64::INFINITY);
+                for t in 0..=last {
+                    let clip = self.edge(t);
+                    let c = cost(f64::from(clip));
+                    // Ties go to the larger clip (t ascends).
+                    if c <= best_cost {
+                        best_cost = c;
+                        best = clip;
+                    }
+                }
+                best
             }
-            // Ties go to the larger clip (t ascends).
-            if cost <= best_cost {
-                best_cost = cost;
-                best = clip;
+            QuantDtype::Float8E4m3fn => {
+                let limit = cost(max) * (1.0 + FP8_HEADROOM_TOLERANCE);
+                (1..=FP8_MAX_HEADROOM)
+                    .rev()
+                    .map(|k| self.max() * pow2(k))
+                    .find(|c| c.is_finite() && cost(f64::from(*c)) <= limit)
+                    .unwrap_or(self.max())
             }
         }
-        best
     }
 }
+
+/// e4m3 static clips go up to 2^8 times the calibrated max (e4m3 spans 2^17 in magnitude).
+const FP8_MAX_HEADROOM: i32 = 8;
+/// The extra estimated error e4m3 headroom may cost: 1 %.
+const FP8_HEADROOM_TOLERANCE: f64 = 0.01;
 
 /// The quantization step at magnitude `v` (0 <= v <= clip) when `clip` maps to Q: int8's
 /// uniform clip / 127; e4m3's step of the code at that magnitude (3 mantissa bits, subnormal
@@ -444,16 +471,15 @@ mod tests {
                 "int8: clip {clip} of max {}",
                 h.max()
             );
-            // e4m3: the step is relative to the magnitude whatever the clip, so clipping saves
-            // almost nothing and the clip stays near the max.
+            // e4m3: never below the max; headroom above it while the error allows.
             let clip = h.clip(ClipObserver::Mse, QuantDtype::Float8E4m3fn);
             assert!(
-                clip > 0.95 * h.max() && clip <= h.max(),
+                clip >= h.max() && clip <= 256.0 * h.max(),
                 "fp8: clip {clip} of max {}",
                 h.max()
             );
         }
-        // Uniform: clipping buys nothing worth its cost (analytically ≈ 0.997 and ≈ 0.975).
+        // Uniform: clipping buys nothing worth its cost (int8: analytically ≈ 0.997).
         let uniform: Vec<f32> = uniforms(100_000, 3)
             .iter()
             .map(|u| (*u * 2.0 - 1.0) as f32)
@@ -462,7 +488,31 @@ mod tests {
         let int8 = h.clip(ClipObserver::Mse, QuantDtype::Int8);
         assert!(int8 >= 0.99 * h.max() && int8 <= h.max(), "int8 {int8}");
         let fp8 = h.clip(ClipObserver::Mse, QuantDtype::Float8E4m3fn);
-        assert!(fp8 >= 0.95 * h.max() && fp8 <= h.max(), "fp8 {fp8}");
+        assert!(fp8 >= h.max() && fp8 <= 256.0 * h.max(), "fp8 {fp8}");
+    }
+
+    #[test]
+    fn fp8_headroom_stops_where_subnormals_start_to_cost() {
+        let mut h = AbsHistogram::default();
+        // Everything within a factor 4 of the max: headroom is free up to 2^8.
+        let narrow: Vec<f32> = uniforms(10_000, 5)
+            .iter()
+            .map(|u| (0.25 + 0.75 * u) as f32)
+            .collect();
+        h.add_rows(&narrow, 1, None, None);
+        let fp8 = QuantDtype::Float8E4m3fn;
+        assert_eq!(h.clip(ClipObserver::Mse, fp8), 256.0 * h.max());
+        // 99 % of the values at 2^-12: 2^k of headroom pushes them into the subnormal range
+        // (below 2^-6 · max · 2^k / 448), which costs, so the headroom stops earlier.
+        let mut wide = AbsHistogram::default();
+        let mut values = vec![2f32.powi(-12); 9_900];
+        values.extend([1.0; 100]);
+        wide.add_rows(&values, 1, None, None);
+        let clip = wide.clip(ClipObserver::Mse, fp8);
+        assert!(
+            clip >= 4.0 * wide.max() && clip < 256.0 * wide.max(),
+            "{clip}"
+        );
     }
 
     #[test]
