@@ -269,6 +269,10 @@ fn progress_bar(hidden: bool) -> impl FnMut(&Progress) + Send + 'static {
                     "calibrating",
                     "{prefix:>12} [{bar:30}] {pos}/{len} {per_sec} ETA {eta} {wide_msg}",
                 ),
+                Stage::CalibratingStatic => (
+                    "static calib",
+                    "{prefix:>12} [{bar:30}] {pos}/{len} {per_sec} ETA {eta} {wide_msg}",
+                ),
                 Stage::Writing => ("writing", "{prefix:>12} [{bar:30}] {pos}/{len} {wide_msg}"),
             };
             bar.set_style(

@@ -1,12 +1,16 @@
 //! The library entry points: [`Quantizer`] (a recipe run, as the CLI and build scripts use it)
 //! and [`convert`] (a full-precision export).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
+use crate::algorithms::static_inputs::{self, StaticInput, StaticInputOptions};
 use crate::algorithms::{self, rtn, smoothquant, WorkingTensors};
-use crate::calibration::{self, AbsMaxObserver, CalibrationSet, Manifest};
+use crate::calibration::{
+    self, AbsHistogram, AbsMaxObserver, CalibrationSet, HistogramObserver, HistogramTarget,
+    Manifest,
+};
 use crate::checkpoint::{
     self, Checkpoint, DType, NativeConfig, StagedDir, Tensor, TensorPlan, CONFIG_FILE, REPORT_FILE,
 };
@@ -17,7 +21,7 @@ use crate::format::{
 };
 use crate::models::whisper::FullPrecision;
 use crate::models::{self, QuantizableLayer, QuantizationLayout};
-use crate::recipe::Recipe;
+use crate::recipe::{AlgorithmStep, Recipe};
 use crate::report::{LayerReport, QuantizationReport};
 use crate::selection;
 use crate::transcribe::Transcriber;
@@ -29,6 +33,8 @@ pub enum Stage {
     Hashing,
     /// Running calibration utterances through the model (one unit per utterance).
     Calibrating,
+    /// The second calibration pass, through the smoothed model, for static input scales.
+    CalibratingStatic,
     /// Writing tensors (quantizing the selected ones).
     Writing,
 }
@@ -39,6 +45,7 @@ impl Stage {
         match self {
             Stage::Hashing => "hashing",
             Stage::Calibrating => "calibrating",
+            Stage::CalibratingStatic => "calibrating static scales",
             Stage::Writing => "writing",
         }
     }
@@ -164,36 +171,125 @@ impl Quantizer {
         self
     }
 
-    /// Runs the recipe and writes the output atomically.
-    pub fn run(mut self) -> Result<Outcome> {
+    /// The recipe with the run's overrides, checked before any work: module types, the
+    /// convolution rules, options, and whether calibration audio is needed and given.
+    fn resolve(&self) -> Result<(Recipe, RunPlan)> {
         let mut recipe = Recipe::load(&self.recipe)?;
-        for option in &self.options {
-            recipe.set_option(option)?;
-        }
         if let Some(kinds) = &self.module_types {
             recipe.module_types = kinds.clone();
         }
-        if recipe.calibration && self.calib_manifest.is_none() {
-            return Err(Error::option(
-                "--calib-manifest",
-                format!(
-                    "recipe `{}` calibrates and needs a calibration manifest",
-                    recipe.name
-                ),
-            ));
+        let convs: Vec<&str> = recipe
+            .module_types
+            .iter()
+            .filter(|k| k.is_spatial_conv())
+            .map(|k| k.name())
+            .collect();
+        if !convs.is_empty() {
+            if recipe.scheme.dtype() != QuantDtype::Int8 {
+                let message = format!(
+                    "{} selected, but convolutions are quantized int8 only and recipe `{}` is {}; \
+                     drop the convolution kinds or use an int8 recipe",
+                    convs.join(", "),
+                    recipe.name,
+                    recipe.scheme.dtype()
+                );
+                return Err(match self.module_types {
+                    Some(_) => Error::option("--module-types", message),
+                    None => Error::Recipe {
+                        name: recipe.name.clone(),
+                        message: format!("module_types: {message}"),
+                    },
+                });
+            }
+            // A quantized convolution always has a static input scale.
+            if !recipe
+                .algorithms
+                .iter()
+                .any(|a| a.name == "static_conv_inputs")
+            {
+                let at = recipe
+                    .algorithms
+                    .iter()
+                    .position(|a| a.name == "rtn")
+                    .unwrap_or(recipe.algorithms.len());
+                recipe.algorithms.insert(
+                    at,
+                    AlgorithmStep {
+                        name: "static_conv_inputs".into(),
+                        options: BTreeMap::new(),
+                    },
+                );
+            }
+        }
+        for option in &self.options {
+            recipe.set_option(option)?;
         }
         for step in &recipe.algorithms {
             algorithms::check_implemented(&step.name, &recipe.name)?;
         }
-        if self.calib_manifest.is_some() && !recipe.calibration {
-            return Err(Error::option(
-                "--calib-manifest",
-                format!(
-                    "recipe `{}` does not calibrate; drop the manifest",
-                    recipe.name
-                ),
-            ));
+        let calibrates = recipe.calibration
+            || recipe
+                .algorithms
+                .iter()
+                .any(|a| algorithms::calibrates(&a.name));
+        match (calibrates, &self.calib_manifest) {
+            (true, None) => {
+                let why = if recipe.calibration || convs.is_empty() {
+                    format!(
+                        "recipe `{}` calibrates and needs a calibration manifest",
+                        recipe.name
+                    )
+                } else {
+                    format!(
+                        "quantized convolutions ({} in --module-types) need a static input scale \
+                         from calibration audio; pass a calibration manifest",
+                        convs.join(", ")
+                    )
+                };
+                return Err(Error::option("--calib-manifest", why));
+            }
+            (false, Some(_)) => {
+                return Err(Error::option(
+                    "--calib-manifest",
+                    format!(
+                        "recipe `{}` does not calibrate; drop the manifest",
+                        recipe.name
+                    ),
+                ))
+            }
+            _ => {}
         }
+        let mut plan = RunPlan::default();
+        for step in &mut recipe.algorithms {
+            match step.name.as_str() {
+                "smoothquant" => {
+                    let alpha = alpha_option(step, "alpha")?.unwrap_or(smoothquant::DEFAULT_ALPHA);
+                    // Recorded as written (0.6, not 0.6000000238 from the f32).
+                    let recorded = alpha.to_string().parse::<f64>().unwrap_or(f64::from(alpha));
+                    step.options
+                        .insert("alpha".into(), serde_json::Value::from(recorded));
+                    plan.alpha = Some(alpha);
+                    plan.static_alpha = alpha_option(step, "static_alpha")?;
+                }
+                "static_inputs" | "static_conv_inputs" => {
+                    let options = StaticInputOptions::parse(&step.name, &step.options)?;
+                    // The record shows the effective options (the default observer included).
+                    step.options = options.record();
+                    if step.name == "static_inputs" {
+                        plan.static_inputs = Some(options);
+                    } else {
+                        plan.static_conv_inputs = Some(options);
+                    }
+                }
+                _ => {}
+            }
+        }
+        Ok((recipe, plan))
+    }
+
+    /// Runs the recipe and writes the output atomically.
+    pub fn run(mut self) -> Result<Outcome> {
+        let (recipe, run_plan) = self.resolve()?;
         let staged = StagedDir::create(&self.dst, self.overwrite, &[&self.src])?;
         let source = Checkpoint::open(&self.src)?;
         if source.is_quantized() {
@@ -201,14 +297,38 @@ impl Quantizer {
         }
         let layout = layout_of(&source)?;
         let dtype = recipe.scheme.dtype();
-        let selection =
-            selection::select(&layout, &recipe.module_types, &self.ignore, dtype, false)?;
+        let selection = selection::select(
+            &layout,
+            &recipe.module_types,
+            &self.ignore,
+            dtype,
+            run_plan.static_conv_inputs.is_some() && self.calib_manifest.is_some(),
+        )?;
+        let quantized: HashSet<String> =
+            selection.selected.iter().map(|l| l.name.clone()).collect();
+        // The layers that get a static input scale, with their observer options.
+        let mut static_layers: BTreeMap<String, StaticInputOptions> = BTreeMap::new();
+        if let Some(o) = &run_plan.static_inputs {
+            for consumer in static_inputs::chain_consumers(&layout, &quantized, o)? {
+                static_layers.insert(consumer, o.clone());
+            }
+        }
+        if let Some(o) = &run_plan.static_conv_inputs {
+            for conv in selection
+                .selected
+                .iter()
+                .filter(|l| l.kind.is_spatial_conv())
+            {
+                static_layers.insert(conv.name.clone(), o.clone());
+            }
+        }
         let source_files = hash_files(&source, &mut self.progress)?;
         let mut files_read = source.files_read.clone();
 
-        // Calibration and smoothing, when the recipe asks for them.
+        // Calibration: smoothing from pass 1, static input scales from pass 2.
         let mut working = WorkingTensors::new(&source);
         let mut smoothing = Smoothing::default();
+        let mut statics: BTreeMap<String, StaticInput> = BTreeMap::new();
         let mut calibration_record = None;
         if let Some(manifest_path) = &self.calib_manifest {
             let manifest = Manifest::read(manifest_path, self.audio_root.as_deref())?;
@@ -216,18 +336,74 @@ impl Quantizer {
             let set = CalibrationSet::select(&manifest, self.calib_utterances, t.sample_rate)?;
             files_read.push(manifest_path.clone());
             files_read.extend(set.utterances.iter().map(|u| u.audio.clone()));
-            let observed = self.calibrate(&t, &set)?;
-            if let Some(step) = recipe.algorithms.iter().find(|a| a.name == "smoothquant") {
-                let alpha = match step.options.get("alpha") {
-                    None => smoothquant::DEFAULT_ALPHA,
-                    Some(v) => v.as_f64().ok_or_else(|| {
-                        Error::option("smoothquant.alpha", format!("{v} is not a number"))
-                    })? as f32,
+            if let Some(alpha) = run_plan.alpha {
+                let observed: AbsMaxObserver = calibration_pass(
+                    &mut self.progress,
+                    Stage::Calibrating,
+                    &t,
+                    &set,
+                    || FullPrecision,
+                    AbsMaxObserver::default,
+                )?;
+                // A group whose consumers all take a static scale migrates with its own α: a
+                // per-tensor scale suffers more from outlier channels than a per-token one.
+                let static_alpha = run_plan.static_alpha.unwrap_or(alpha);
+                let alpha_of = |consumers: &[String]| {
+                    if consumers.iter().all(|c| static_layers.contains_key(c)) {
+                        static_alpha
+                    } else {
+                        alpha
+                    }
                 };
-                let quantized = selection.selected.iter().map(|l| l.name.clone()).collect();
-                let groups = smoothquant::plan(&layout, &quantized, &observed, &working, alpha)?;
+                let groups =
+                    smoothquant::plan_with(&layout, &quantized, &observed, &working, alpha_of)?;
                 let smooth_inv = smoothquant::apply(&groups, &mut working)?;
                 smoothing = Smoothing { groups, smooth_inv };
+            }
+            // Each static layer: the smoother its input is multiplied by, the weights of its
+            // input channels (so the clip search measures the error at the layer's output), and
+            // its options.
+            let mut targets: BTreeMap<String, HistogramTarget> = BTreeMap::new();
+            for layer in static_layers.keys() {
+                let name = format!("{layer}.weight");
+                let w = working.get(&name)?;
+                let cols = working.shape(&name)?.iter().skip(1).product::<usize>();
+                targets.insert(
+                    layer.clone(),
+                    HistogramTarget {
+                        smooth_inv: smoothing.smooth_inv.get(layer).cloned(),
+                        channel_weights: Some(calibration::channel_weights(&w, cols)),
+                    },
+                );
+            }
+            if !targets.is_empty() {
+                // Pass 2 runs the smoothed model, so each histogram is of the input the layer's
+                // static quantize will see.
+                let smoothed;
+                let model = if smoothing.groups.is_empty() {
+                    &t
+                } else {
+                    smoothed =
+                        Transcriber::new(&smoothed_checkpoint(&source, &working, &quantized))?;
+                    &smoothed
+                };
+                let smooth_inv = &smoothing.smooth_inv;
+                let observed: HistogramObserver = calibration_pass(
+                    &mut self.progress,
+                    Stage::CalibratingStatic,
+                    model,
+                    &set,
+                    || smoothquant::RuntimeSmoothedExec { smooth_inv },
+                    || HistogramObserver::new(&targets),
+                )?;
+                let empty = AbsHistogram::default();
+                for (layer, o) in &static_layers {
+                    let hist = observed.histograms.get(layer).unwrap_or(&empty);
+                    statics.insert(
+                        layer.clone(),
+                        static_inputs::static_input(layer, hist, o, dtype)?,
+                    );
+                }
             }
             calibration_record = Some(set.record);
         }
@@ -239,10 +415,19 @@ impl Quantizer {
                 .map_or((SmoothFold::None, None), |g| {
                     (g.fold, g.smoothed_into.clone())
                 });
+            let is_static = statics.contains_key(&layer.name);
+            if layer.kind.is_spatial_conv() && !is_static {
+                return Err(Error::LayerRefused {
+                    layer: layer.name.clone(),
+                    reason: "a quantized convolution needs a static input scale, and none was \
+                             calibrated"
+                        .into(),
+                });
+            }
             layers.insert(
                 layer.name.clone(),
                 LayerSpec {
-                    scheme: recipe.scheme,
+                    scheme: recipe.scheme.with_static_input(is_static),
                     kind: layer.kind,
                     smooth,
                     smoothed_into,
@@ -258,43 +443,27 @@ impl Quantizer {
             .map(|l| (format!("{}.weight", l.name), l))
             .collect();
         let mut plan = BTreeMap::new();
+        let mut add = |name: String, dtype: DType, shape: Vec<usize>| {
+            plan.insert(name.clone(), TensorPlan { name, dtype, shape });
+        };
         for (name, t) in &source.tensors {
-            plan.insert(
-                name.clone(),
-                TensorPlan {
-                    name: name.clone(),
-                    dtype: t.dtype,
-                    shape: t.shape.clone(),
-                },
-            );
+            add(name.clone(), t.dtype, t.shape.clone());
             if let Some(layer) = selected.get(name) {
-                plan.insert(
-                    name.clone(),
-                    TensorPlan {
-                        name: name.clone(),
-                        dtype: code_dtype(dtype),
-                        shape: t.shape.clone(),
-                    },
-                );
-                let scale = format!("{}.weight_scale", layer.name);
-                plan.insert(
-                    scale.clone(),
-                    TensorPlan {
-                        name: scale,
-                        dtype: DType::F32,
-                        shape: vec![layer.out_features],
-                    },
+                add(name.clone(), code_dtype(dtype), t.shape.clone());
+                add(
+                    format!("{}.weight_scale", layer.name),
+                    DType::F32,
+                    vec![layer.out_features],
                 );
                 if let Some(inv) = smoothing.smooth_inv.get(&layer.name) {
-                    let key = format!("{}.smooth_inv", layer.name);
-                    plan.insert(
-                        key.clone(),
-                        TensorPlan {
-                            name: key,
-                            dtype: DType::F32,
-                            shape: vec![inv.len()],
-                        },
+                    add(
+                        format!("{}.smooth_inv", layer.name),
+                        DType::F32,
+                        vec![inv.len()],
                     );
+                }
+                if statics.contains_key(&layer.name) {
+                    add(format!("{}.input_scale", layer.name), DType::F32, vec![1]);
                 }
             }
         }
@@ -325,7 +494,7 @@ impl Quantizer {
                     let absmax = group.map(|g| min_max(&g.input_absmax));
                     reports.push(LayerReport {
                         name: layer.name.clone(),
-                        scheme: recipe.scheme,
+                        scheme: layers[&layer.name].scheme,
                         kind: layer.kind,
                         shape: entry.shape.clone(),
                         weight_scale_min: scale_min,
@@ -333,10 +502,12 @@ impl Quantizer {
                         relative_weight_error: q.relative_error,
                         smooth: group.map_or(SmoothFold::None, |g| g.fold),
                         smoothed_into: group.and_then(|g| g.smoothed_into.clone()),
+                        smoothing_alpha: group.map(|g| g.alpha),
                         smoothing_factor_min: factors.map(|r| r.0),
                         smoothing_factor_max: factors.map(|r| r.1),
                         input_absmax_min: absmax.map(|r| r.0),
                         input_absmax_max: absmax.map(|r| r.1),
+                        static_input: statics.get(&layer.name).cloned(),
                     });
                     scales.insert(layer.name.clone(), q.scales);
                     return Ok(Tensor::from_bytes(
@@ -353,6 +524,11 @@ impl Quantizer {
                 if let Some(layer) = entry.name.strip_suffix(".smooth_inv") {
                     if let Some(inv) = smoothing.smooth_inv.get(layer) {
                         return Ok(Tensor::from_f32(entry.shape.clone(), inv));
+                    }
+                }
+                if let Some(layer) = entry.name.strip_suffix(".input_scale") {
+                    if let Some(s) = statics.get(layer) {
+                        return Ok(Tensor::from_f32(entry.shape.clone(), &[s.input_scale]));
                     }
                 }
                 let source_tensor = source.tensors.get(&entry.name).ok_or_else(|| {
@@ -416,27 +592,87 @@ impl Quantizer {
             report: Some(report),
         })
     }
+}
 
-    /// Pass 1: per-channel input absmax of every GEMM over the calibration set, in fp32.
-    fn calibrate(&mut self, t: &Transcriber, set: &CalibrationSet) -> Result<AbsMaxObserver> {
-        let total = set.utterances.len() as u64;
-        let sink = Mutex::new(&mut self.progress);
-        calibration::observe(
-            t,
-            set,
-            || FullPrecision,
-            |done, _, id| {
-                if let Some(f) = sink.lock().ok().as_deref_mut().and_then(|p| p.as_mut()) {
-                    f(&Progress {
-                        stage: Stage::Calibrating,
-                        done: done as u64,
-                        total,
-                        item: id,
-                    });
-                }
-            },
-        )
+/// One calibration pass over the set with fresh observers per utterance, merged; progress is
+/// reported as `stage`.
+fn calibration_pass<O, E>(
+    progress: &mut Option<ProgressFn>,
+    stage: Stage,
+    t: &Transcriber,
+    set: &CalibrationSet,
+    exec: impl Fn() -> E + Sync,
+    observer: impl Fn() -> O + Sync,
+) -> Result<O>
+where
+    O: calibration::Observer,
+    E: crate::models::whisper::LinearExec,
+{
+    let total = set.utterances.len() as u64;
+    let sink = Mutex::new(progress);
+    calibration::observe_with(t, set, exec, observer, |done, _, id| {
+        if let Some(f) = sink.lock().ok().as_deref_mut().and_then(|p| p.as_mut()) {
+            f(&Progress {
+                stage,
+                done: done as u64,
+                total,
+                item: id,
+            });
+        }
+    })
+}
+
+/// The smoothed full-precision model the second calibration pass runs: parameters that absorbed
+/// 1/s as the checkpoint stores them (in the source dtype), the quantized layers' weights W·s in
+/// f32.
+fn smoothed_checkpoint(
+    source: &Checkpoint,
+    working: &WorkingTensors,
+    quantized: &HashSet<String>,
+) -> Checkpoint {
+    let mut out = source.clone();
+    for (name, values) in working.changed_tensors() {
+        let Some(t) = source.tensors.get(name) else {
+            continue;
+        };
+        let values = Tensor::from_f32(t.shape.clone(), values);
+        let is_weight = name
+            .strip_suffix(".weight")
+            .is_some_and(|layer| quantized.contains(layer));
+        let stored = if is_weight {
+            values
+        } else {
+            values.to_float_dtype(t.dtype)
+        };
+        out.tensors.insert(name.to_string(), stored);
     }
+    out
+}
+
+/// A SmoothQuant migration strength option, checked to lie in (0, 1).
+fn alpha_option(step: &AlgorithmStep, key: &str) -> Result<Option<f32>> {
+    let Some(v) = step.options.get(key) else {
+        return Ok(None);
+    };
+    let option = format!("{}.{key}", step.name);
+    let alpha = v
+        .as_f64()
+        .ok_or_else(|| Error::option(&option, format!("{v} is not a number")))?;
+    if !(alpha > 0.0 && alpha < 1.0) {
+        return Err(Error::option(option, format!("{alpha} is outside (0, 1)")));
+    }
+    Ok(Some(alpha as f32))
+}
+
+/// What the recipe's algorithms need, parsed and validated before any work.
+#[derive(Default)]
+struct RunPlan {
+    /// SmoothQuant's α, when it runs.
+    alpha: Option<f32>,
+    /// SmoothQuant's α for groups whose consumers all take a static input scale.
+    static_alpha: Option<f32>,
+    static_inputs: Option<StaticInputOptions>,
+    static_conv_inputs: Option<StaticInputOptions>,
 }
 
 /// The smallest and largest value.

@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::algorithms::static_inputs::StaticInput;
 use crate::format::{ModuleKind, Scheme, SmoothFold};
 
 /// Per-layer figures of one quantized layer.
@@ -22,11 +23,18 @@ pub struct LayerReport {
     pub smooth: SmoothFold,
     /// The module that absorbed 1/s (a norm or the V projection); null for runtime or none.
     pub smoothed_into: Option<String>,
+    /// The migration strength α its smoothing group used.
+    #[serde(default)]
+    pub smoothing_alpha: Option<f32>,
     pub smoothing_factor_min: Option<f32>,
     pub smoothing_factor_max: Option<f32>,
     /// The calibrated per-channel max |x| of the layer's input (before smoothing).
     pub input_absmax_min: Option<f32>,
     pub input_absmax_max: Option<f32>,
+    /// The calibrated static input scale (`*_static` schemes): the observer, the chosen clip,
+    /// the calibrated max |x| and their ratio.
+    #[serde(default)]
+    pub static_input: Option<StaticInput>,
 }
 
 /// The whole report.

@@ -107,3 +107,54 @@ pub fn select(
     }
     Ok(selection)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn layer(
+        name: &str,
+        kind: ModuleKind,
+        out: usize,
+        inp: usize,
+        groups: usize,
+    ) -> QuantizableLayer {
+        QuantizableLayer {
+            name: name.into(),
+            kind,
+            out_features: out,
+            in_features: inp,
+            groups,
+        }
+    }
+
+    #[test]
+    fn grouped_and_misaligned_layers_are_skipped_with_the_reason() {
+        let layout = QuantizationLayout {
+            layers: vec![
+                layer("conv.ok", ModuleKind::Conv1d, 64, 80, 1),
+                layer("conv.depthwise", ModuleKind::Conv1d, 64, 64, 64),
+                layer("conv.narrow", ModuleKind::Conv2d, 64, 40, 1),
+                layer("fc.odd", ModuleKind::Linear, 12, 64, 1),
+            ],
+            ..Default::default()
+        };
+        let kinds = [ModuleKind::Linear, ModuleKind::Conv1d, ModuleKind::Conv2d];
+        let s = select(&layout, &kinds, &[], QuantDtype::Int8, true).unwrap();
+        assert_eq!(
+            s.selected
+                .iter()
+                .map(|l| l.name.as_str())
+                .collect::<Vec<_>>(),
+            ["conv.ok"]
+        );
+        assert!(s.skipped["conv.depthwise"].contains("groups = 64"));
+        assert!(s.skipped["conv.narrow"].contains("in_features 40"));
+        assert!(s.skipped["fc.odd"].contains("out_features 12"));
+        // Without the static scales a convolution needs, or in fp8, selecting one is refused.
+        for (dtype, calibrated) in [(QuantDtype::Int8, false), (QuantDtype::Float8E4m3fn, true)] {
+            let e = select(&layout, &kinds, &[], dtype, calibrated).unwrap_err();
+            assert!(e.to_string().contains("conv.ok"), "{e}");
+        }
+    }
+}

@@ -271,13 +271,16 @@ fn calibration_inputs_are_checked() {
         .run()
         .unwrap_err();
     assert!(e.to_string().contains("does not calibrate"), "{e}");
+    // Options are checked before anything is read (the manifest does not exist).
     let e = Quantizer::new(common::tiny_en(), tmp.path().join("x"))
         .recipe("smoothquant_w8a8_fused")
         .calib_manifest(tmp.path().join("m.jsonl"))
+        .option("static_inputs.observer=histogram")
         .run()
         .unwrap_err();
     assert!(
-        matches!(e, Error::NotImplemented { .. }) && e.to_string().contains("static_inputs"),
+        matches!(e, Error::InvalidOption { .. })
+            && e.to_string().contains("static_inputs.observer"),
         "{e}"
     );
     // An 8 kHz clip is refused by name, not resampled.

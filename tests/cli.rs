@@ -76,6 +76,37 @@ fn errors_exit_non_zero_and_name_the_fault() {
     assert!(run(&[s, d, "--module-types", "lstm"]).contains("lstm"));
     assert!(run(&[s, d, "--option", "rtn.alpha=1"]).contains("rtn.alpha"));
     assert!(run(&[s, s]).contains("is the input"));
+    // Static-scale and convolution misuse is refused before any work, naming the option.
+    let calib = common::manifests().0;
+    let c = calib.to_str().unwrap();
+    let fused = [
+        s,
+        d,
+        "--recipe",
+        "smoothquant_w8a8_fused",
+        "--calib-manifest",
+        c,
+    ];
+    assert!(
+        run(&[&fused[..], &["--option", "static_inputs.observer=kl"]].concat())
+            .contains("static_inputs.observer")
+    );
+    assert!(run(&[
+        &fused[..],
+        &["--option", "static_inputs.exclude=conformer.*"]
+    ]
+    .concat())
+    .contains("static_inputs.exclude"));
+    assert!(run(&[
+        s,
+        d,
+        "--recipe",
+        "fp8_w8a8_rtn",
+        "--module-types",
+        "linear,conv1d"
+    ])
+    .contains("--module-types"));
+    assert!(run(&[s, d, "--module-types", "linear,conv1d"]).contains("--calib-manifest"));
     assert!(run(&["inspect", tmp.path().to_str().unwrap()]).contains("not a checkpoint"));
     assert!(run(&["convert", "/nonexistent/model", d]).contains("/nonexistent/model"));
     assert!(!dst.exists());

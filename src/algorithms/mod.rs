@@ -3,6 +3,7 @@
 
 pub mod rtn;
 pub mod smoothquant;
+pub mod static_inputs;
 mod working;
 
 pub use working::WorkingTensors;
@@ -19,18 +20,28 @@ struct Registered {
 }
 
 const REGISTRY: &[Registered] = &[
-    Registered { name: "rtn", options: &[], missing: None, what: "round-to-nearest weights per output channel" },
-    Registered { name: "smoothquant", options: &["alpha"], missing: None, what: "SmoothQuant activation smoothing from calibration" },
+    Registered {
+        name: "rtn",
+        options: &[],
+        missing: None,
+        what: "round-to-nearest weights per output channel",
+    },
+    Registered {
+        name: "smoothquant",
+        options: &["alpha", "static_alpha"],
+        missing: None,
+        what: "SmoothQuant activation smoothing from calibration",
+    },
     Registered {
         name: "static_inputs",
-        options: &["observer", "percentile"],
-        missing: Some("the fused recipes land in a later version; use smoothquant_w8a8 or smoothquant_fp8_w8a8"),
-        what: "calibrated static input scales",
+        options: &["observer", "percentile", "exclude"],
+        missing: None,
+        what: "calibrated static input scales of GEMM-chain consumers",
     },
     Registered {
         name: "static_conv_inputs",
         options: &["observer", "percentile"],
-        missing: Some("quantized convolutions land in a later version; keep the default --module-types"),
+        missing: None,
         what: "calibrated static input scales of convolutions",
     },
 ];
@@ -49,6 +60,11 @@ fn find(name: &str) -> Result<&'static Registered> {
             ),
         )
     })
+}
+
+/// Whether the algorithm needs calibration audio.
+pub fn calibrates(name: &str) -> bool {
+    matches!(name, "smoothquant" | "static_inputs" | "static_conv_inputs")
 }
 
 /// Errors unless `name` is a registered algorithm (implemented or not).

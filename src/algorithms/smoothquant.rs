@@ -28,6 +28,8 @@ pub struct SmoothedGroup {
     pub factors: Vec<f32>,
     /// The calibrated max |X_j| per input channel.
     pub input_absmax: Vec<f32>,
+    /// The migration strength used.
+    pub alpha: f32,
 }
 
 /// The smoothing factors of one group, clamped to `[lower_j, upper_j]`. A channel calibration
@@ -53,7 +55,7 @@ pub fn factors(x_max: &[f32], w_max: &[f32], alpha: f32, lower: &[f32]) -> Vec<f
         .collect()
 }
 
-/// Computes the factors of every group whose consumers are all quantized.
+/// Computes the factors of every group whose consumers are all quantized, with one α.
 pub fn plan(
     layout: &QuantizationLayout,
     quantized: &HashSet<String>,
@@ -61,16 +63,28 @@ pub fn plan(
     tensors: &WorkingTensors,
     alpha: f32,
 ) -> Result<Vec<SmoothedGroup>> {
-    if !(alpha > 0.0 && alpha < 1.0) {
-        return Err(Error::option(
-            "smoothquant.alpha",
-            format!("{alpha} is outside (0, 1)"),
-        ));
-    }
+    plan_with(layout, quantized, observed, tensors, |_| alpha)
+}
+
+/// [`plan`] with α chosen per group from its consumers.
+pub fn plan_with(
+    layout: &QuantizationLayout,
+    quantized: &HashSet<String>,
+    observed: &AbsMaxObserver,
+    tensors: &WorkingTensors,
+    alpha_of: impl Fn(&[String]) -> f32,
+) -> Result<Vec<SmoothedGroup>> {
     let mut groups = Vec::new();
     for group in &layout.smooth_groups {
         if !group.consumers.iter().all(|c| quantized.contains(c)) {
             continue;
+        }
+        let alpha = alpha_of(&group.consumers);
+        if !(alpha > 0.0 && alpha < 1.0) {
+            return Err(Error::option(
+                "smoothquant.alpha",
+                format!("{alpha} is outside (0, 1)"),
+            ));
         }
         let first = &group.consumers[0];
         let x_max = observed
@@ -128,6 +142,7 @@ pub fn plan(
             consumers: group.consumers.clone(),
             factors: factors(x_max, &w_max, alpha, &lower),
             input_absmax: x_max.clone(),
+            alpha,
         });
     }
     Ok(groups)

@@ -1,9 +1,14 @@
 //! Calibration: manifests, the selection of utterances, observers, and the calibration loop.
 
+mod histogram;
 mod manifest;
 mod observer;
 mod run;
 
+pub use histogram::{
+    channel_weights, AbsHistogram, ClipObserver, HistogramObserver, HistogramTarget,
+    BINS as HISTOGRAM_BINS,
+};
 pub use manifest::{Manifest, Utterance};
 pub use observer::{AbsMaxObserver, Observer, ObservingExec};
-pub use run::{observe, CalibrationSet, DEFAULT_UTTERANCES};
+pub use run::{observe, observe_with, CalibrationSet, DEFAULT_UTTERANCES};

@@ -10,6 +10,10 @@ use crate::models::whisper::forward::{ce, to_vec, Linear, LinearExec};
 
 /// Something that records statistics of the inputs of named GEMMs.
 pub trait Observer: Send {
+    /// Whether the observer records this layer's input (others are not copied out).
+    fn wants(&self, _layer: &str) -> bool {
+        true
+    }
     /// `x` is row-major `[rows, cols]`, the input of layer `layer`.
     fn observe(&mut self, layer: &str, x: &[f32], cols: usize);
     /// Folds another observer's statistics (of the same kind) into this one.
@@ -61,11 +65,25 @@ pub struct ObservingExec<'a, O: Observer, E: LinearExec> {
     pub inner: E,
 }
 
+impl<O: Observer, E: LinearExec> ObservingExec<'_, O, E> {
+    fn show(&mut self, layer: &Linear, x: &Tensor) -> Result<()> {
+        if self.observer.wants(&layer.name) {
+            let (_, cols) = x.dims2().map_err(ce(&layer.name))?;
+            let values = to_vec(x, &layer.name)?;
+            self.observer.observe(&layer.name, &values, cols);
+        }
+        Ok(())
+    }
+}
+
 impl<O: Observer, E: LinearExec> LinearExec for ObservingExec<'_, O, E> {
     fn linear(&mut self, layer: &Linear, x: &Tensor) -> Result<Tensor> {
-        let (_, cols) = x.dims2().map_err(ce(&layer.name))?;
-        let values = to_vec(x, &layer.name)?;
-        self.observer.observe(&layer.name, &values, cols);
+        self.show(layer, x)?;
         self.inner.linear(layer, x)
+    }
+
+    fn linear_gelu(&mut self, layer: &Linear, x: &Tensor) -> Result<Tensor> {
+        self.show(layer, x)?;
+        self.inner.linear_gelu(layer, x)
     }
 }

@@ -78,18 +78,35 @@ where
     O: Observer + Default,
     E: LinearExec,
 {
+    observe_with(t, set, exec, O::default, progress)
+}
+
+/// [`observe`] with observers made by `observer` (for observers that need configuration, such
+/// as the layers a [`HistogramObserver`](super::HistogramObserver) records). The merged result
+/// does not depend on the order utterances finish in, as long as the observer's merge is exact.
+pub fn observe_with<O, E>(
+    t: &Transcriber,
+    set: &CalibrationSet,
+    exec: impl Fn() -> E + Sync,
+    observer: impl Fn() -> O + Sync,
+    progress: impl Fn(usize, usize, &str) + Sync,
+) -> Result<O>
+where
+    O: Observer,
+    E: LinearExec,
+{
     let total = set.utterances.len();
     let done = Mutex::new(0usize);
     let observed = set
         .utterances
         .par_iter()
         .map(|u| {
-            let mut observer = O::default();
+            let mut o = observer();
             observe_one(
                 t,
                 u,
                 &mut ObservingExec {
-                    observer: &mut observer,
+                    observer: &mut o,
                     inner: exec(),
                 },
             )
@@ -100,10 +117,10 @@ where
             let mut n = done.lock().unwrap_or_else(|p| p.into_inner());
             *n += 1;
             progress(*n, total, &u.id);
-            Ok(observer)
+            Ok(o)
         })
         .collect::<Result<Vec<O>>>()?;
-    let mut merged = O::default();
+    let mut merged = observer();
     for o in observed {
         merged.merge(o);
     }

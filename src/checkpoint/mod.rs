@@ -234,6 +234,20 @@ fn validate_quantized(
         };
         expect("weight_scale", vec![n], true)?;
         expect("input_scale", vec![1], l.scheme.is_static())?;
+        if let Some(t) = tensors.get(&format!("{layer}.input_scale")) {
+            // The static quantize divides by it.
+            if let Some(bad) = t
+                .to_f32()
+                .into_iter()
+                .find(|v| !(v.is_finite() && *v > 0.0))
+            {
+                return Err(Error::tensor(
+                    path,
+                    format!("{layer}.input_scale"),
+                    format!("{bad} is not a finite positive scale"),
+                ));
+            }
+        }
         expect("smooth_inv", vec![k], l.smooth == SmoothFold::Runtime)?;
     }
     Ok(())

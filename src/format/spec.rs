@@ -239,11 +239,74 @@ impl QuantizationSpec {
                 }
             }
         }
+        // The arming rules (docs/format.md), and `input_quantized_by` naming exactly the link.
+        let mut fed_by: BTreeMap<&str, &str> = BTreeMap::new();
         for norm in &self.links.fused_norms {
-            if let Some(layer) = norm.consumers.iter().find(|c| !known(c)) {
+            for consumer in &norm.consumers {
+                let refuse = |reason: String| {
+                    Err(Error::LayerRefused {
+                        layer: consumer.clone(),
+                        reason,
+                    })
+                };
+                let Some(spec) = self.layers.get(consumer) else {
+                    return refuse(format!(
+                        "consumer of fused norm `{}` but not quantized",
+                        norm.norm
+                    ));
+                };
+                if spec.scheme.is_static()
+                    || spec.smooth == SmoothFold::Runtime
+                    || spec.scheme.dtype() != norm.dtype
+                {
+                    return refuse(format!(
+                        "fused norm `{}` emits per-token {} input, but this layer is {} with smooth {:?}",
+                        norm.norm,
+                        norm.dtype,
+                        spec.scheme.name(),
+                        spec.smooth
+                    ));
+                }
+                if fed_by.insert(consumer, &norm.norm).is_some() {
+                    return refuse("its input is emitted by two links".into());
+                }
+            }
+        }
+        for chain in &self.links.gemm_chains {
+            let (p, c) = (&self.layers[&chain.producer], &self.layers[&chain.consumer]);
+            if !c.scheme.is_static()
+                || c.scheme.dtype() != chain.dtype
+                || p.scheme.dtype() != chain.dtype
+            {
+                return Err(Error::LayerRefused {
+                    layer: chain.consumer.clone(),
+                    reason: format!(
+                        "a {} GEMM chain from `{}` needs both ends in {} and a static consumer; \
+                         found producer {} and consumer {}",
+                        chain.dtype,
+                        chain.producer,
+                        chain.dtype,
+                        p.scheme.name(),
+                        c.scheme.name()
+                    ),
+                });
+            }
+            if fed_by.insert(&chain.consumer, &chain.producer).is_some() {
+                return Err(Error::LayerRefused {
+                    layer: chain.consumer.clone(),
+                    reason: "its input is emitted by two links".into(),
+                });
+            }
+        }
+        for (layer, spec) in &self.layers {
+            if spec.input_quantized_by.as_deref() != fed_by.get(layer.as_str()).copied() {
                 return Err(Error::LayerRefused {
                     layer: layer.clone(),
-                    reason: format!("consumer of fused norm `{}` but not quantized", norm.norm),
+                    reason: format!(
+                        "input_quantized_by is {:?} but the links say {:?}",
+                        spec.input_quantized_by,
+                        fed_by.get(layer.as_str())
+                    ),
                 });
             }
         }

@@ -4,7 +4,7 @@ use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
 use super::e4m3::{e4m3_decode, e4m3_encode};
-use super::rounding::round_half_even;
+use super::rounding::{out_bits_to_f32, round_half_even, round_to_out, OutDtype};
 
 /// The 8-bit dtype of quantized weights and activations.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -209,6 +209,30 @@ pub fn quantize_static(
             });
     }
     codes
+}
+
+/// The static `input_scale` for a calibrated clip: `max(clip, AMAX_FLOOR) / Q`, the per-token
+/// rule's scale with the clip in place of the row's amax.
+pub fn static_input_scale(clip: f32, dtype: QuantDtype) -> f32 {
+    clip.max(AMAX_FLOOR) / dtype.qmax()
+}
+
+/// The quantizing epilogue of a fused norm: the norm's f32 output `y` `[rows, cols]` rounded
+/// once to the served dtype, widened back to f32 (exact), then [`quantize_per_token`] without a
+/// smoother. This is what the unfused pair computes (the norm writes `served`, its consumer
+/// quantizes that per token), so one emission serves every consumer of an armed fused norm.
+pub fn norm_quant_per_token(
+    y: &[f32],
+    rows: usize,
+    cols: usize,
+    served: OutDtype,
+    dtype: QuantDtype,
+) -> QuantizedRows {
+    let widened: Vec<f32> = y
+        .iter()
+        .map(|&v| out_bits_to_f32(served, round_to_out(served, v)))
+        .collect();
+    quantize_per_token(&widened, rows, cols, None, dtype)
 }
 
 /// Per-output-channel weight quantization of `w` `[n, k]`: the per-token rule on each row, with

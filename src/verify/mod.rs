@@ -4,7 +4,7 @@
 //! quantize; the scaled GEMM with its epilogue rounded once to the served dtype); every other
 //! operation runs in f32 as in the full-precision forward.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::path::Path;
 use std::sync::Mutex;
 
@@ -17,7 +17,7 @@ use crate::calibration::{Manifest, Utterance};
 use crate::checkpoint::Checkpoint;
 use crate::error::{Error, Result};
 use crate::format::{QuantDtype, QuantizationSpec};
-use crate::models::whisper::forward::{ce, to_vec, Linear, LinearExec};
+use crate::models::whisper::forward::{ce, gelu, to_vec, Linear, LinearExec};
 use crate::models::whisper::{teacher_forced, FullPrecision};
 use crate::numerics::{self, ActScale, Activation, GemmEpilogue, OutDtype};
 use crate::transcribe::Transcriber;
@@ -37,24 +37,42 @@ struct QuantizedLayer {
 }
 
 /// Runs the quantized layers with the reference numerics; the rest in f32.
+///
+/// Links run as the served kernels compute them: a fused norm's consumers quantize the norm
+/// output rounded to the served dtype ([`numerics::norm_quant_per_token`]); an armed GEMM chain's
+/// producer applies GELU in its epilogue and rounds once to the served dtype, and its consumer's
+/// static quantize of that output gives exactly the codes of [`numerics::scaled_mm_quant`].
 pub struct QuantizedExec<'a> {
     layers: &'a BTreeMap<String, QuantizedLayer>,
+    links: &'a LinkRoles,
     served: OutDtype,
     /// Non-finite values seen in quantized GEMM outputs.
     pub nonfinite: usize,
 }
 
-impl LinearExec for QuantizedExec<'_> {
-    fn linear(&mut self, layer: &Linear, x: &Tensor) -> Result<Tensor> {
-        let Some(q) = self.layers.get(&layer.name) else {
-            return layer.forward(x);
-        };
-        let (rows, k) = x.dims2().map_err(ce(&layer.name))?;
-        let values = to_vec(x, &layer.name)?;
+/// The layers a link touches, from the spec.
+#[derive(Clone, Debug, Default)]
+struct LinkRoles {
+    /// Consumers of an armed fused norm.
+    norm_fed: HashSet<String>,
+    /// Producers of an armed GEMM chain.
+    chain_producers: HashSet<String>,
+}
+
+impl QuantizedExec<'_> {
+    fn run(
+        &mut self,
+        name: &str,
+        q: &QuantizedLayer,
+        x: &Tensor,
+        activation: Activation,
+    ) -> Result<Tensor> {
+        let (rows, k) = x.dims2().map_err(ce(name))?;
+        let values = to_vec(x, name)?;
         let smooth = q.smooth_inv.as_deref();
         let epi = GemmEpilogue {
             bias: q.bias.as_deref(),
-            activation: Activation::None,
+            activation,
             out: self.served,
         };
         let out = match q.input_scale {
@@ -73,7 +91,12 @@ impl LinearExec for QuantizedExec<'_> {
                 )
             }
             None => {
-                let a = numerics::quantize_per_token(&values, rows, k, smooth, q.dtype);
+                let a = if self.links.norm_fed.contains(name) {
+                    // The spec's arming rules guarantee no smoother here (checked on load).
+                    numerics::norm_quant_per_token(&values, rows, k, self.served, q.dtype)
+                } else {
+                    numerics::quantize_per_token(&values, rows, k, smooth, q.dtype)
+                };
                 numerics::scaled_mm(
                     q.dtype,
                     &a.codes,
@@ -92,7 +115,26 @@ impl LinearExec for QuantizedExec<'_> {
             .map(|b| numerics::out_bits_to_f32(self.served, b))
             .collect();
         self.nonfinite += out.iter().filter(|v| !v.is_finite()).count();
-        Tensor::from_vec(out, (rows, q.n), &Device::Cpu).map_err(ce(&layer.name))
+        Tensor::from_vec(out, (rows, q.n), &Device::Cpu).map_err(ce(name))
+    }
+}
+
+impl LinearExec for QuantizedExec<'_> {
+    fn linear(&mut self, layer: &Linear, x: &Tensor) -> Result<Tensor> {
+        match self.layers.get(&layer.name) {
+            Some(q) => self.run(&layer.name, q, x, Activation::None),
+            None => layer.forward(x),
+        }
+    }
+
+    fn linear_gelu(&mut self, layer: &Linear, x: &Tensor) -> Result<Tensor> {
+        match self.layers.get(&layer.name) {
+            // The chain's producer emits its consumer's input: GELU belongs to its epilogue.
+            Some(q) if self.links.chain_producers.contains(&layer.name) => {
+                self.run(&layer.name, q, x, Activation::Gelu)
+            }
+            _ => gelu(self.linear(layer, x)?, &layer.name),
+        }
     }
 }
 
@@ -101,6 +143,7 @@ impl LinearExec for QuantizedExec<'_> {
 pub struct QuantizedModel {
     pub transcriber: Transcriber,
     layers: BTreeMap<String, QuantizedLayer>,
+    links: LinkRoles,
     pub spec: QuantizationSpec,
 }
 
@@ -141,9 +184,24 @@ impl QuantizedModel {
         }
         runnable.config.quantization = None;
         runnable.config.format_version = 1;
+        let links = LinkRoles {
+            norm_fed: spec
+                .links
+                .fused_norms
+                .iter()
+                .flat_map(|n| n.consumers.iter().cloned())
+                .collect(),
+            chain_producers: spec
+                .links
+                .gemm_chains
+                .iter()
+                .map(|c| c.producer.clone())
+                .collect(),
+        };
         Ok(QuantizedModel {
             transcriber: Transcriber::new(&runnable)?,
             layers,
+            links,
             spec,
         })
     }
@@ -151,6 +209,7 @@ impl QuantizedModel {
     pub fn exec(&self, served: OutDtype) -> QuantizedExec<'_> {
         QuantizedExec {
             layers: &self.layers,
+            links: &self.links,
             served,
             nonfinite: 0,
         }

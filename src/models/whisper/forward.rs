@@ -52,6 +52,12 @@ impl Linear {
 pub trait LinearExec {
     /// `x` is `[rows, in]`; returns `[rows, out]`.
     fn linear(&mut self, layer: &Linear, x: &Tensor) -> Result<Tensor>;
+
+    /// The layer followed by exact-erf GELU (the FFN's fc1). An executor whose GEMM applies the
+    /// activation in its epilogue (a GEMM-chain producer) overrides this.
+    fn linear_gelu(&mut self, layer: &Linear, x: &Tensor) -> Result<Tensor> {
+        gelu(self.linear(layer, x)?, &layer.name)
+    }
 }
 
 /// Plain fp32.
@@ -223,7 +229,7 @@ pub(crate) fn to_vec(x: &Tensor, what: &str) -> Result<Vec<f32>> {
 
 /// The exact-erf GELU of every element, with the reference numerics' `erf` (vectorised; libm's
 /// scalar `erff` made GELU a tenth of the forward).
-fn gelu(x: Tensor, what: &str) -> Result<Tensor> {
+pub(crate) fn gelu(x: Tensor, what: &str) -> Result<Tensor> {
     let shape = x.shape().clone();
     let mut values = to_vec(&x, what)?;
     crate::numerics::gelu_in_place(&mut values);
@@ -278,8 +284,7 @@ struct Ffn {
 
 impl Ffn {
     fn forward(&self, exec: &mut dyn LinearExec, x: &Tensor) -> Result<Tensor> {
-        let h = exec.linear(&self.fc1, &self.norm.forward(x)?)?;
-        let h = gelu(h, &self.fc1.name)?;
+        let h = exec.linear_gelu(&self.fc1, &self.norm.forward(x)?)?;
         exec.linear(&self.fc2, &h)
     }
 }

@@ -1,0 +1,350 @@
+//! Static input scales (`static_inputs` for GEMM-chain consumers, `static_conv_inputs` for
+//! convolutions): a per-tensor `input_scale` from a histogram of the input the layer's static
+//! quantize will see, measured in a second calibration pass on the smoothed model.
+
+use std::collections::{BTreeMap, HashSet};
+
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::calibration::{AbsHistogram, ClipObserver};
+use crate::error::{Error, Result};
+use crate::models::QuantizationLayout;
+use crate::numerics::{self, QuantDtype};
+
+/// The percentile of `observer = "percentile"` when none is given.
+pub const DEFAULT_PERCENTILE: f64 = 99.99;
+
+/// The observer options of a static-scale algorithm, validated.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StaticInputOptions {
+    pub observer: ClipObserver,
+    /// Layers (globs) that keep their per-token input: no static scale, so no chain arms.
+    pub exclude: Vec<String>,
+}
+
+impl StaticInputOptions {
+    /// Parses `observer` (`mse` default, `minmax`, `percentile`) and `percentile` (a number in
+    /// (0, 100], only with the percentile observer) of algorithm `algorithm`.
+    pub fn parse(algorithm: &str, options: &BTreeMap<String, Value>) -> Result<Self> {
+        let key = |k: &str| format!("{algorithm}.{k}");
+        let observer = match options.get("observer") {
+            None => "mse",
+            Some(Value::String(s)) => s.as_str(),
+            Some(other) => {
+                return Err(Error::option(
+                    key("observer"),
+                    format!("{other} is not an observer name; expected mse, minmax or percentile"),
+                ))
+            }
+        };
+        let percentile = match options.get("percentile") {
+            None => None,
+            Some(v) => {
+                let p = v.as_f64().ok_or_else(|| {
+                    Error::option(key("percentile"), format!("{v} is not a number"))
+                })?;
+                if !(p > 0.0 && p <= 100.0) {
+                    return Err(Error::option(
+                        key("percentile"),
+                        format!("{p} is outside (0, 100]"),
+                    ));
+                }
+                Some(p)
+            }
+        };
+        let observer = match observer {
+            "mse" => ClipObserver::Mse,
+            "minmax" => ClipObserver::MinMax,
+            "percentile" => ClipObserver::Percentile(percentile.unwrap_or(DEFAULT_PERCENTILE)),
+            other => {
+                return Err(Error::option(
+                    key("observer"),
+                    format!("unknown observer `{other}`; expected mse, minmax or percentile"),
+                ))
+            }
+        };
+        let exclude = match options.get("exclude") {
+            None => Vec::new(),
+            Some(Value::String(g)) => vec![g.clone()],
+            Some(Value::Array(items)) => items
+                .iter()
+                .map(|v| {
+                    v.as_str().map(str::to_string).ok_or_else(|| {
+                        Error::option(key("exclude"), format!("{v} is not a glob string"))
+                    })
+                })
+                .collect::<Result<_>>()?,
+            Some(other) => {
+                return Err(Error::option(
+                    key("exclude"),
+                    format!("{other} is not a glob or a list of globs"),
+                ))
+            }
+        };
+        for g in &exclude {
+            glob::Pattern::new(g)
+                .map_err(|e| Error::option(key("exclude"), format!("invalid glob `{g}`: {e}")))?;
+        }
+        if percentile.is_some() && !matches!(observer, ClipObserver::Percentile(_)) {
+            return Err(Error::option(
+                key("percentile"),
+                format!(
+                    "applies only with {algorithm}.observer=percentile (the observer is `{}`)",
+                    observer.name()
+                ),
+            ));
+        }
+        Ok(StaticInputOptions { observer, exclude })
+    }
+
+    /// The effective options, as `producer.algorithms` records them.
+    pub fn record(&self) -> BTreeMap<String, Value> {
+        let mut out = BTreeMap::new();
+        out.insert("observer".into(), Value::from(self.observer.name()));
+        if let ClipObserver::Percentile(p) = self.observer {
+            out.insert("percentile".into(), Value::from(p));
+        }
+        if !self.exclude.is_empty() {
+            out.insert("exclude".into(), Value::from(self.exclude.clone()));
+        }
+        out
+    }
+
+    /// Whether `layer` is excluded from static scales.
+    pub fn excludes(&self, layer: &str) -> bool {
+        self.exclude
+            .iter()
+            .filter_map(|g| glob::Pattern::new(g).ok())
+            .any(|p| p.matches(layer))
+    }
+}
+
+/// The GEMM-chain consumers that get a static input scale: those whose producer is quantized
+/// too, so the chain can arm, and that `exclude` does not name. (A consumer whose producer stays
+/// full precision keeps its per-token input: a static scale would only cost accuracy there.)
+/// An exclude glob that matches no chain consumer is an error naming it.
+pub fn chain_consumers(
+    layout: &QuantizationLayout,
+    quantized: &HashSet<String>,
+    options: &StaticInputOptions,
+) -> Result<Vec<String>> {
+    for g in &options.exclude {
+        let one = StaticInputOptions {
+            observer: options.observer,
+            exclude: vec![g.clone()],
+        };
+        if !layout.gemm_chains.iter().any(|c| one.excludes(&c.consumer)) {
+            return Err(Error::option(
+                "static_inputs.exclude",
+                format!("`{g}` matches no GEMM-chain consumer of this model"),
+            ));
+        }
+    }
+    Ok(layout
+        .gemm_chains
+        .iter()
+        .filter(|c| quantized.contains(&c.producer) && quantized.contains(&c.consumer))
+        .filter(|c| !options.excludes(&c.consumer))
+        .map(|c| c.consumer.clone())
+        .collect())
+}
+
+/// A calibrated static input scale and how it was chosen (recorded in the report).
+#[derive(Clone, Debug, PartialEq, Serialize, serde::Deserialize)]
+pub struct StaticInput {
+    /// `mse`, `minmax` or `percentile`.
+    pub observer: String,
+    /// The percentile, for the percentile observer.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub percentile: Option<f64>,
+    /// The chosen clip: |x| above it saturates.
+    pub clip: f32,
+    /// The largest |x| seen in calibration (after the runtime smoother, if any).
+    pub calibrated_max: f32,
+    /// clip / calibrated_max (1 when nothing was seen).
+    pub clip_to_max: f32,
+    /// max(clip, 1e-8) / Q.
+    pub input_scale: f32,
+    /// Values observed.
+    pub values: u64,
+}
+
+/// The static input of a layer from its histogram.
+pub fn static_input(
+    layer: &str,
+    hist: &AbsHistogram,
+    options: &StaticInputOptions,
+    dtype: QuantDtype,
+) -> Result<StaticInput> {
+    if hist.count() == 0 {
+        return Err(Error::LayerRefused {
+            layer: layer.into(),
+            reason: "its input was never observed during calibration, so it has no static input \
+                     scale"
+                .into(),
+        });
+    }
+    if hist.nonfinite() > 0 {
+        return Err(Error::LayerRefused {
+            layer: layer.into(),
+            reason: format!(
+                "{} non-finite input values during calibration; no static scale can hold them",
+                hist.nonfinite()
+            ),
+        });
+    }
+    let clip = hist.clip(options.observer, dtype);
+    let max = hist.max();
+    Ok(StaticInput {
+        observer: options.observer.name().into(),
+        percentile: match options.observer {
+            ClipObserver::Percentile(p) => Some(p),
+            _ => None,
+        },
+        clip,
+        calibrated_max: max,
+        clip_to_max: if max > 0.0 { clip / max } else { 1.0 },
+        input_scale: numerics::static_input_scale(clip, dtype),
+        values: hist.count(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn parse(pairs: &[(&str, Value)]) -> Result<StaticInputOptions> {
+        let options = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.clone()))
+            .collect();
+        StaticInputOptions::parse("static_inputs", &options)
+    }
+
+    #[test]
+    fn options_are_validated_by_name() {
+        assert_eq!(parse(&[]).unwrap().observer, ClipObserver::Mse);
+        assert_eq!(
+            parse(&[("observer", json!("minmax"))]).unwrap().observer,
+            ClipObserver::MinMax
+        );
+        assert_eq!(
+            parse(&[("observer", json!("percentile"))])
+                .unwrap()
+                .observer,
+            ClipObserver::Percentile(DEFAULT_PERCENTILE)
+        );
+        let p = parse(&[
+            ("observer", json!("percentile")),
+            ("percentile", json!(99.9)),
+        ])
+        .unwrap();
+        assert_eq!(p.observer, ClipObserver::Percentile(99.9));
+        assert_eq!(p.record()["percentile"], json!(99.9));
+        for (pairs, needle) in [
+            (vec![("observer", json!("kl"))], "static_inputs.observer"),
+            (vec![("observer", json!(3))], "static_inputs.observer"),
+            (
+                vec![("observer", json!("percentile")), ("percentile", json!(0))],
+                "static_inputs.percentile",
+            ),
+            (
+                vec![
+                    ("observer", json!("percentile")),
+                    ("percentile", json!(100.5)),
+                ],
+                "static_inputs.percentile",
+            ),
+            (
+                vec![
+                    ("observer", json!("percentile")),
+                    ("percentile", json!("high")),
+                ],
+                "static_inputs.percentile",
+            ),
+            (vec![("percentile", json!(99))], "static_inputs.percentile"),
+            (vec![("exclude", json!(3))], "static_inputs.exclude"),
+            (
+                vec![("exclude", json!(["ok.*", 4]))],
+                "static_inputs.exclude",
+            ),
+            (
+                vec![("exclude", json!("[unclosed"))],
+                "static_inputs.exclude",
+            ),
+        ] {
+            let e = parse(&pairs).unwrap_err().to_string();
+            assert!(e.contains(needle), "{pairs:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn exclude_keeps_chain_consumers_per_token_and_must_match() {
+        use crate::models::GemmChainLayout;
+        let layout = QuantizationLayout {
+            gemm_chains: ["encoder.layers.0", "decoder.layers.0"]
+                .iter()
+                .map(|p| GemmChainLayout {
+                    producer: format!("{p}.fc1"),
+                    consumer: format!("{p}.fc2"),
+                })
+                .collect(),
+            ..Default::default()
+        };
+        let all: HashSet<String> = layout
+            .gemm_chains
+            .iter()
+            .flat_map(|c| [c.producer.clone(), c.consumer.clone()])
+            .collect();
+        let o = parse(&[("exclude", json!("encoder.*"))]).unwrap();
+        assert_eq!(o.record()["exclude"], json!(["encoder.*"]));
+        assert_eq!(
+            chain_consumers(&layout, &all, &o).unwrap(),
+            ["decoder.layers.0.fc2"]
+        );
+        // A chain whose producer stays full precision gets no static scale.
+        let mut no_fc1 = all.clone();
+        no_fc1.remove("decoder.layers.0.fc1");
+        assert!(chain_consumers(&layout, &no_fc1, &o).unwrap().is_empty());
+        let o = parse(&[("exclude", json!(["decoder.*", "conformer.*"]))]).unwrap();
+        let e = chain_consumers(&layout, &all, &o).unwrap_err().to_string();
+        assert!(
+            e.contains("static_inputs.exclude") && e.contains("conformer.*"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn the_scale_is_the_clip_over_q_with_the_amax_floor() {
+        let mut h = AbsHistogram::default();
+        h.add_rows(&[0.5, -2.0, 1.0], 1, None, None);
+        let s = static_input("l", &h, &parse(&[]).unwrap(), QuantDtype::Int8).unwrap();
+        assert!(s.clip > 0.0 && s.clip <= 2.0);
+        assert_eq!(s.input_scale, s.clip / 127.0);
+        let s = static_input(
+            "l",
+            &h,
+            &parse(&[("observer", json!("minmax"))]).unwrap(),
+            QuantDtype::Float8E4m3fn,
+        )
+        .unwrap();
+        assert_eq!(
+            (s.clip, s.clip_to_max, s.input_scale),
+            (2.0, 1.0, 2.0 / 448.0)
+        );
+        let mut zeros = AbsHistogram::default();
+        zeros.add_rows(&[0.0; 4], 1, None, None);
+        let s = static_input("l", &zeros, &parse(&[]).unwrap(), QuantDtype::Int8).unwrap();
+        assert_eq!(s.input_scale, numerics::AMAX_FLOOR / 127.0);
+        let e = static_input(
+            "enc.fc2",
+            &AbsHistogram::default(),
+            &parse(&[]).unwrap(),
+            QuantDtype::Int8,
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("enc.fc2"), "{e}");
+    }
+}

@@ -1,0 +1,525 @@
+//! The fused recipes (static input scales on GEMM-chain consumers) and quantized convolutions on
+//! the real Whisper tiny.en with real speech, calibrated on a few utterances (release mode).
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use candle_core::Tensor as CandleTensor;
+use oasr_quantize::calibration::Manifest;
+use oasr_quantize::checkpoint::{Checkpoint, DType};
+use oasr_quantize::format::{ModuleKind, QuantizationSpec, Scheme, SmoothFold};
+use oasr_quantize::models::whisper::{Linear, LinearExec};
+use oasr_quantize::numerics::{self, ActScale, Activation, GemmEpilogue, OutDtype, QuantDtype};
+use oasr_quantize::report::QuantizationReport;
+use oasr_quantize::verify::{verify, QuantizedModel};
+use oasr_quantize::{Error, Quantizer};
+
+/// Static scales are only as good as the audio they were calibrated on; a handful of utterances
+/// is enough to check the plumbing and keep the test short.
+const CALIB_UTTERANCES: usize = 4;
+
+fn fused(recipe: &str, dst: &Path, options: &[&str]) -> QuantizationReport {
+    let (calib, _) = common::manifests();
+    let mut q = Quantizer::new(common::tiny_en(), dst)
+        .recipe(recipe)
+        .calib_manifest(&calib)
+        .calib_utterances(CALIB_UTTERANCES);
+    for o in options {
+        q = q.option(*o);
+    }
+    q.run().unwrap().report.unwrap()
+}
+
+fn f32s(ckpt: &Checkpoint, name: &str) -> Vec<f32> {
+    ckpt.tensors[name].to_f32()
+}
+
+/// Checks what a fused recipe writes: static fc2 with a sane scale, the links, the record.
+fn check_fused_checkpoint(
+    dst: &Path,
+    report: &QuantizationReport,
+    dtype: QuantDtype,
+    observer: &str,
+) -> QuantizationSpec {
+    // Checkpoint::open validates the v2 contract (tensors and links) on read.
+    let out = Checkpoint::open(dst).unwrap();
+    let spec = out.config.quantization.clone().unwrap();
+    let (dynamic, fixed) = match dtype {
+        QuantDtype::Int8 => (Scheme::Int8W8a8, Scheme::Int8W8a8Static),
+        QuantDtype::Float8E4m3fn => (Scheme::Fp8W8a8, Scheme::Fp8W8a8Static),
+    };
+    assert_eq!(spec.layers.len(), 64);
+    let mut fc2 = 0;
+    for (name, layer) in &spec.layers {
+        let scale = out.tensors.get(&format!("{name}.input_scale"));
+        if name.ends_with(".fc2") {
+            fc2 += 1;
+            assert_eq!(layer.scheme, fixed, "{name}");
+            assert_eq!(layer.smooth, SmoothFold::Runtime, "{name}");
+            let producer = name.replace(".fc2", ".fc1");
+            assert_eq!(layer.input_quantized_by.as_deref(), Some(producer.as_str()));
+            let scale = scale.unwrap();
+            assert_eq!((scale.dtype, scale.shape.clone()), (DType::F32, vec![1]));
+            let s = scale.to_f32()[0];
+            let r = report.layers.iter().find(|l| &l.name == name).unwrap();
+            let st = r.static_input.as_ref().unwrap();
+            assert_eq!(st.observer, observer);
+            // The stored scale is the reported clip over Q, with a clip inside what was seen.
+            assert_eq!(s, numerics::static_input_scale(st.clip, dtype), "{name}");
+            match (observer, dtype) {
+                // e4m3's mse never clips calibrated values and may add headroom.
+                ("mse", QuantDtype::Float8E4m3fn) => assert!(
+                    st.clip >= st.calibrated_max && st.clip_to_max <= 256.0,
+                    "{name}: {st:?}"
+                ),
+                // int8's output-weighted mse keeps most of the range.
+                ("mse", QuantDtype::Int8) => assert!(
+                    st.clip <= st.calibrated_max && st.clip_to_max > 0.5,
+                    "{name}: {st:?}"
+                ),
+                ("minmax", _) => assert_eq!(st.clip, st.calibrated_max, "{name}"),
+                _ => assert!(
+                    st.clip > 0.0 && st.clip <= st.calibrated_max,
+                    "{name}: {st:?}"
+                ),
+            }
+            assert!(st.values > 1000, "{name}: {st:?}");
+        } else {
+            assert_eq!(layer.scheme, dynamic, "{name}");
+            assert!(scale.is_none(), "{name}");
+        }
+    }
+    assert_eq!(fc2, 8);
+    // Every fc1 → fc2 arms: both in one format, the consumer static.
+    assert_eq!(spec.links.gemm_chains.len(), 8);
+    for chain in &spec.links.gemm_chains {
+        assert_eq!(chain.dtype, dtype);
+        assert_eq!(chain.consumer, chain.producer.replace(".fc1", ".fc2"));
+    }
+    // The norms still arm: none of their consumers is static or runtime-smoothed.
+    assert_eq!(spec.links.fused_norms.len(), 20);
+    let names: Vec<&str> = spec
+        .producer
+        .algorithms
+        .iter()
+        .map(|a| a.name.as_str())
+        .collect();
+    assert_eq!(names, ["smoothquant", "static_inputs", "rtn"]);
+    assert_eq!(spec.producer.algorithms[1].options["observer"], observer);
+    spec
+}
+
+/// Records the first input and output of every layer while an inner executor runs them.
+struct Recorder<E> {
+    inner: E,
+    inputs: BTreeMap<String, (Vec<f32>, usize, usize)>,
+    outputs: BTreeMap<String, Vec<f32>>,
+}
+
+impl<E: LinearExec> Recorder<E> {
+    fn keep(&mut self, name: &str, x: &CandleTensor, y: &CandleTensor) {
+        if !self.inputs.contains_key(name) {
+            let (rows, cols) = x.dims2().unwrap();
+            let flat = |t: &CandleTensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            self.inputs.insert(name.into(), (flat(x), rows, cols));
+            self.outputs.insert(name.into(), flat(y));
+        }
+    }
+}
+
+impl<E: LinearExec> LinearExec for Recorder<E> {
+    fn linear(&mut self, layer: &Linear, x: &CandleTensor) -> oasr_quantize::Result<CandleTensor> {
+        let y = self.inner.linear(layer, x)?;
+        self.keep(&layer.name, x, &y);
+        Ok(y)
+    }
+
+    fn linear_gelu(
+        &mut self,
+        layer: &Linear,
+        x: &CandleTensor,
+    ) -> oasr_quantize::Result<CandleTensor> {
+        let y = self.inner.linear_gelu(layer, x)?;
+        self.keep(&layer.name, x, &y);
+        Ok(y)
+    }
+}
+
+/// A quantized layer's tensors as stored.
+struct Stored {
+    codes: Vec<u8>,
+    weight_scale: Vec<f32>,
+    bias: Option<Vec<f32>>,
+    smooth_inv: Option<Vec<f32>>,
+    input_scale: Option<f32>,
+    n: usize,
+}
+
+fn stored(ckpt: &Checkpoint, layer: &str) -> Stored {
+    let get = |key: &str| ckpt.tensors.get(&format!("{layer}.{key}"));
+    let weight = get("weight").unwrap();
+    Stored {
+        codes: weight.bytes().to_vec(),
+        weight_scale: get("weight_scale").unwrap().to_f32(),
+        bias: get("bias").map(|t| t.to_f32()),
+        smooth_inv: get("smooth_inv").map(|t| t.to_f32()),
+        input_scale: get("input_scale").map(|t| t.to_f32()[0]),
+        n: weight.shape[0],
+    }
+}
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+/// The fused GEMM chain and the fused norm, on real activations, give exactly what the unfused
+/// pairs give (as the verify run computes them), bit for bit.
+fn check_links_are_bit_identical(dst: &Path, spec: &QuantizationSpec, dtype: QuantDtype) {
+    let served = OutDtype::F16;
+    let (_, gate) = common::manifests();
+    let manifest = Manifest::read(&gate, None).unwrap();
+    let model = QuantizedModel::load(dst).unwrap();
+    let ckpt = Checkpoint::open(dst).unwrap();
+    let mut rec = Recorder {
+        inner: model.exec(served),
+        inputs: BTreeMap::new(),
+        outputs: BTreeMap::new(),
+    };
+    let t = &model.transcriber;
+    let samples = t.read(&manifest.utterances[0]).unwrap();
+    t.decode(&mut rec, &samples, false).unwrap();
+
+    for chain in &spec.links.gemm_chains {
+        let (p, c) = (
+            stored(&ckpt, &chain.producer),
+            stored(&ckpt, &chain.consumer),
+        );
+        let (x, m, k) = &rec.inputs[&chain.producer];
+        // The producer's input comes from its fused norm.
+        let a = numerics::norm_quant_per_token(x, *m, *k, served, dtype);
+        fn epi(bias: &Option<Vec<f32>>, activation: Activation) -> GemmEpilogue<'_> {
+            GemmEpilogue {
+                bias: bias.as_deref(),
+                activation,
+                out: OutDtype::F16,
+            }
+        }
+        let scale = c.input_scale.unwrap();
+        // Fused: the producer emits the consumer's codes; the consumer multiplies them.
+        let codes = numerics::scaled_mm_quant(
+            dtype,
+            &a.codes,
+            ActScale::PerRow(&a.scales),
+            &p.codes,
+            &p.weight_scale,
+            *m,
+            p.n,
+            *k,
+            &epi(&p.bias, Activation::Gelu),
+            c.smooth_inv.as_deref(),
+            scale,
+            dtype,
+        );
+        let out: Vec<f32> = numerics::scaled_mm(
+            dtype,
+            &codes,
+            ActScale::PerTensor(scale),
+            &c.codes,
+            &c.weight_scale,
+            *m,
+            c.n,
+            p.n,
+            &epi(&c.bias, Activation::None),
+        )
+        .into_iter()
+        .map(|b| numerics::out_bits_to_f32(served, b))
+        .collect();
+        // Unfused, as verify ran it: the producer's scaled_mm (GELU in the epilogue, rounded to
+        // f16), then the consumer's own static quantize of that output.
+        let (y, _, _) = &rec.inputs[&chain.consumer];
+        assert_eq!(
+            bits(y),
+            bits(&rec.outputs[&chain.producer]),
+            "{}",
+            chain.producer
+        );
+        assert_eq!(
+            numerics::quantize_static(y, *m, p.n, c.smooth_inv.as_deref(), scale, dtype),
+            codes,
+            "{}",
+            chain.consumer
+        );
+        assert_eq!(
+            bits(&out),
+            bits(&rec.outputs[&chain.consumer]),
+            "{}",
+            chain.consumer
+        );
+    }
+
+    let chain_producers: Vec<&str> = spec
+        .links
+        .gemm_chains
+        .iter()
+        .map(|c| c.producer.as_str())
+        .collect();
+    for norm in &spec.links.fused_norms {
+        let first = &norm.consumers[0];
+        let (x, m, k) = &rec.inputs[first];
+        // One emission of the fused norm serves every consumer.
+        let emitted = numerics::norm_quant_per_token(x, *m, *k, served, norm.dtype);
+        for consumer in &norm.consumers {
+            let (xc, _, _) = &rec.inputs[consumer];
+            assert_eq!(bits(xc), bits(x), "{consumer} reads the norm's output");
+            // Unfused: the norm writes f16, the consumer quantizes it with its own rule.
+            let s = stored(&ckpt, consumer);
+            let written: Vec<f32> = x
+                .iter()
+                .map(|&v| numerics::out_bits_to_f32(served, numerics::round_to_out(served, v)))
+                .collect();
+            let own = numerics::quantize_per_token(
+                &written,
+                *m,
+                *k,
+                s.smooth_inv.as_deref(),
+                spec.layers[consumer].scheme.dtype(),
+            );
+            assert_eq!(own, emitted, "{consumer}");
+            let out: Vec<f32> = numerics::scaled_mm(
+                norm.dtype,
+                &emitted.codes,
+                ActScale::PerRow(&emitted.scales),
+                &s.codes,
+                &s.weight_scale,
+                *m,
+                s.n,
+                *k,
+                &GemmEpilogue {
+                    bias: s.bias.as_deref(),
+                    // A consumer that produces a chain (fc1) applies GELU in its epilogue.
+                    activation: if chain_producers.contains(&consumer.as_str()) {
+                        Activation::Gelu
+                    } else {
+                        Activation::None
+                    },
+                    out: served,
+                },
+            )
+            .into_iter()
+            .map(|b| numerics::out_bits_to_f32(served, b))
+            .collect();
+            assert_eq!(bits(&out), bits(&rec.outputs[consumer]), "{consumer}");
+        }
+    }
+}
+
+/// Runs verify on the first `limit` gate utterances; `close` asserts agreement with full
+/// precision, otherwise only that the quantized numerics ran and stayed finite.
+fn check_verify(dst: &Path, limit: usize, close: bool) {
+    let (_, gate) = common::manifests();
+    let manifest = Manifest::read(&gate, None).unwrap();
+    let report = verify(
+        dst,
+        &common::tiny_en(),
+        &manifest,
+        Some(limit),
+        OutDtype::F16,
+        |_, _, _| {},
+    )
+    .unwrap();
+    assert_eq!(report.nonfinite, 0);
+    let tf = &report.teacher_forced;
+    assert!(tf.steps >= 3, "{tf:?}");
+    // The quantized numerics ran (not a copy of fp32).
+    assert!(tf.cosine_mean < 0.999_999, "{tf:?}");
+    if close {
+        assert!(tf.cosine_mean > 0.99, "{tf:?}");
+        assert!(tf.top1_agreement > 0.9, "{tf:?}");
+    }
+}
+
+#[test]
+fn int8_fused_recipe_writes_static_fc2_armed_chains_and_bit_identical_links() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dst = tmp.path().join("q");
+    let report = fused(
+        "smoothquant_w8a8_fused",
+        &dst,
+        &["smoothquant.static_alpha=0.7"],
+    );
+    // The recipe's observer for int8 is minmax (docs/accuracy.md says why).
+    let spec = check_fused_checkpoint(&dst, &report, QuantDtype::Int8, "minmax");
+    // Only the groups of static consumers (fc2's runtime smoother) migrate with static_alpha.
+    for l in &report.layers {
+        let expected = if l.name.ends_with(".fc2") { 0.7 } else { 0.5 };
+        assert_eq!(l.smoothing_alpha, Some(expected), "{}", l.name);
+    }
+    assert_eq!(
+        spec.producer.algorithms[0].options["static_alpha"],
+        serde_json::json!(0.7)
+    );
+    check_links_are_bit_identical(&dst, &spec, QuantDtype::Int8);
+    // Int8 scales from 4 utterances do not cover unseen audio: Whisper's encoder fc2 inputs
+    // reach tens of times the calibrated max on some utterances and saturate (docs/accuracy.md),
+    // so closeness is measured on 128 utterances there, not asserted here.
+    check_verify(&dst, 2, false);
+}
+
+#[test]
+fn fp8_fused_recipe_takes_headroom_and_stays_close() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dst = tmp.path().join("q");
+    let report = fused("smoothquant_fp8_w8a8_fused", &dst, &[]);
+    let spec = check_fused_checkpoint(&dst, &report, QuantDtype::Float8E4m3fn, "mse");
+    // e4m3's headroom (a power of two above the max) is what keeps unseen outliers in range.
+    assert!(report
+        .layers
+        .iter()
+        .filter_map(|l| l.static_input.as_ref())
+        .any(|s| s.clip_to_max >= 2.0));
+    check_links_are_bit_identical(&dst, &spec, QuantDtype::Float8E4m3fn);
+    check_verify(&dst, 2, true);
+}
+
+#[test]
+fn conv1d_quantizes_whispers_two_convolutions_static_int8() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (calib, _) = common::manifests();
+    let dst = tmp.path().join("q");
+    // RTN needs no calibration of its own; the convolutions bring the second pass with them.
+    let report = Quantizer::new(common::tiny_en(), &dst)
+        .recipe("int8_w8a8_rtn")
+        .module_types(ModuleKind::parse_list("linear,conv1d").unwrap())
+        .calib_manifest(&calib)
+        .calib_utterances(CALIB_UTTERANCES)
+        .option("static_conv_inputs.observer=percentile")
+        .option("static_conv_inputs.percentile=100")
+        .run()
+        .unwrap()
+        .report
+        .unwrap();
+    assert_eq!(report.layers.len(), 66);
+    assert!(report.skipped.is_empty(), "{:?}", report.skipped);
+    let out = Checkpoint::open(&dst).unwrap();
+    let spec = out.config.quantization.as_ref().unwrap();
+    assert_eq!(
+        spec.module_types,
+        vec![ModuleKind::Linear, ModuleKind::Conv1d]
+    );
+    let source = Checkpoint::open(&common::tiny_en()).unwrap();
+    for (conv, k) in [("encoder.conv1", 80), ("encoder.conv2", 384)] {
+        let l = &spec.layers[conv];
+        assert_eq!(
+            (l.kind, l.scheme, l.input_quantized_by.as_deref()),
+            (ModuleKind::Conv1d, Scheme::Int8W8a8Static, None)
+        );
+        // KSC [out, k, in], per output channel over k · in.
+        let w = &out.tensors[&format!("{conv}.weight")];
+        assert_eq!((w.dtype, w.shape.clone()), (DType::I8, vec![384, 3, k]));
+        let q = numerics::quantize_weight_per_channel(
+            &f32s(&source, &format!("{conv}.weight")),
+            384,
+            3 * k,
+            QuantDtype::Int8,
+        );
+        assert_eq!(w.bytes(), &q.codes[..], "{conv}");
+        let st = report
+            .layers
+            .iter()
+            .find(|r| r.name == conv)
+            .unwrap()
+            .static_input
+            .clone()
+            .unwrap();
+        // The 100th percentile is the max itself.
+        assert_eq!(
+            (st.observer.as_str(), st.percentile, st.clip),
+            ("percentile", Some(100.0), st.calibrated_max)
+        );
+        assert_eq!(
+            f32s(&out, &format!("{conv}.input_scale")),
+            vec![st.calibrated_max / 127.0]
+        );
+    }
+    // The linears keep their per-token RTN scheme; no chain arms without static_inputs.
+    assert_eq!(
+        spec.layers
+            .values()
+            .filter(|l| l.scheme == Scheme::Int8W8a8)
+            .count(),
+        64
+    );
+    assert!(spec.links.gemm_chains.is_empty());
+    let names: Vec<&str> = spec
+        .producer
+        .algorithms
+        .iter()
+        .map(|a| a.name.as_str())
+        .collect();
+    assert_eq!(names, ["static_conv_inputs", "rtn"]);
+    assert!(spec.producer.calibration.is_some());
+    assert_eq!(
+        spec.producer.algorithms[0].options["percentile"],
+        serde_json::json!(100.0)
+    );
+    check_verify(&dst, 2, true);
+}
+
+#[test]
+fn convolution_and_observer_misuse_is_refused_by_name() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (calib, _) = common::manifests();
+    let x = tmp.path().join("x");
+    let run = |recipe: &str, kinds: Option<&str>, manifest: bool, option: Option<&str>| {
+        let mut q = Quantizer::new(common::tiny_en(), &x).recipe(recipe);
+        if let Some(k) = kinds {
+            q = q.module_types(ModuleKind::parse_list(k).unwrap());
+        }
+        if manifest {
+            q = q.calib_manifest(&calib);
+        }
+        if let Some(o) = option {
+            q = q.option(o);
+        }
+        q.run().unwrap_err()
+    };
+    for recipe in ["fp8_w8a8_rtn", "smoothquant_fp8_w8a8_fused"] {
+        for kinds in ["linear,conv1d", "conv", "all"] {
+            let e = run(recipe, Some(kinds), true, None);
+            let text = e.to_string();
+            assert!(
+                matches!(e, Error::InvalidOption { .. })
+                    && text.contains("--module-types")
+                    && text.contains("int8 only"),
+                "{recipe} {kinds}: {text}"
+            );
+        }
+    }
+    let e = run("int8_w8a8_rtn", Some("linear,conv1d"), false, None).to_string();
+    assert!(
+        e.contains("--calib-manifest") && e.contains("conv1d"),
+        "{e}"
+    );
+    let e = run(
+        "smoothquant_w8a8_fused",
+        None,
+        true,
+        Some("static_inputs.observer=kl"),
+    )
+    .to_string();
+    assert!(
+        e.contains("static_inputs.observer") && e.contains("kl"),
+        "{e}"
+    );
+    let e = run(
+        "smoothquant_w8a8_fused",
+        None,
+        true,
+        Some("static_inputs.percentile=99.9"),
+    )
+    .to_string();
+    assert!(e.contains("static_inputs.percentile"), "{e}");
+    assert!(!x.exists());
+}
