@@ -274,7 +274,7 @@ impl Quantizer {
                 "static_inputs" | "static_conv_inputs" => {
                     let options = StaticInputOptions::parse(&step.name, &step.options)?;
                     // The record shows the effective options (the default observer included).
-                    step.options = options.record();
+                    step.options = options.record(&step.name);
                     if step.name == "static_inputs" {
                         plan.static_inputs = Some(options);
                     } else {
@@ -308,8 +308,10 @@ impl Quantizer {
             selection.selected.iter().map(|l| l.name.clone()).collect();
         // The layers that get a static input scale, with their observer options.
         let mut static_layers: BTreeMap<String, StaticInputOptions> = BTreeMap::new();
+        let mut chain_consumers = HashSet::new();
         if let Some(o) = &run_plan.static_inputs {
             for consumer in static_inputs::chain_consumers(&layout, &quantized, o)? {
+                chain_consumers.insert(consumer.clone());
                 static_layers.insert(consumer, o.clone());
             }
         }
@@ -329,6 +331,7 @@ impl Quantizer {
         let mut working = WorkingTensors::new(&source);
         let mut smoothing = Smoothing::default();
         let mut statics: BTreeMap<String, StaticInput> = BTreeMap::new();
+        let mut declined: BTreeMap<String, StaticInput> = BTreeMap::new();
         let mut calibration_record = None;
         if let Some(manifest_path) = &self.calib_manifest {
             let manifest = Manifest::read(manifest_path, self.audio_root.as_deref())?;
@@ -373,6 +376,7 @@ impl Quantizer {
                     HistogramTarget {
                         smooth_inv: smoothing.smooth_inv.get(layer).cloned(),
                         channel_weights: Some(calibration::channel_weights(&w, cols)),
+                        per_token: chain_consumers.contains(layer).then_some(dtype),
                     },
                 );
             }
@@ -399,10 +403,18 @@ impl Quantizer {
                 let empty = AbsHistogram::default();
                 for (layer, o) in &static_layers {
                     let hist = observed.histograms.get(layer).unwrap_or(&empty);
-                    statics.insert(
-                        layer.clone(),
-                        static_inputs::static_input(layer, hist, o, dtype)?,
+                    let s = static_inputs::static_input(layer, hist, o, dtype)?;
+                    // A consumer whose static quantize would cost too much more than its
+                    // per-token one keeps the per-token input (its chain then does not arm).
+                    let too_costly = matches!(
+                        (s.error_vs_per_token, o.max_error_ratio),
+                        (Some(r), Some(max)) if r > max
                     );
+                    if too_costly {
+                        declined.insert(layer.clone(), s);
+                    } else {
+                        statics.insert(layer.clone(), s);
+                    }
                 }
             }
             calibration_record = Some(set.record);
@@ -508,6 +520,7 @@ impl Quantizer {
                         input_absmax_min: absmax.map(|r| r.0),
                         input_absmax_max: absmax.map(|r| r.1),
                         static_input: statics.get(&layer.name).cloned(),
+                        static_input_declined: declined.get(&layer.name).cloned(),
                     });
                     scales.insert(layer.name.clone(), q.scales);
                     return Ok(Tensor::from_bytes(

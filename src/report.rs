@@ -35,6 +35,11 @@ pub struct LayerReport {
     /// the calibrated max |x| and their ratio.
     #[serde(default)]
     pub static_input: Option<StaticInput>,
+    /// A GEMM-chain consumer's static scale that was calibrated but not applied, because its
+    /// expected error exceeded `static_inputs.max_error_ratio` times the per-token one: the
+    /// layer keeps its per-token input and its chain does not arm.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub static_input_declined: Option<StaticInput>,
 }
 
 /// The whole report.

@@ -34,7 +34,7 @@ const REGISTRY: &[Registered] = &[
     },
     Registered {
         name: "static_inputs",
-        options: &["observer", "percentile", "exclude"],
+        options: &["observer", "percentile", "exclude", "max_error_ratio", "decoder"],
         missing: None,
         what: "calibrated static input scales of GEMM-chain consumers",
     },

@@ -21,6 +21,11 @@ pub struct StaticInputOptions {
     pub observer: ClipObserver,
     /// Layers (globs) that keep their per-token input: no static scale, so no chain arms.
     pub exclude: Vec<String>,
+    /// A GEMM-chain consumer keeps its per-token input when its static quantize's expected
+    /// output error exceeds this multiple of the per-token quantize's (None: never).
+    pub max_error_ratio: Option<f64>,
+    /// Whether chains inside a decoder step get static scales too (default false).
+    pub decoder: bool,
 }
 
 impl StaticInputOptions {
@@ -95,11 +100,38 @@ impl StaticInputOptions {
                 ),
             ));
         }
-        Ok(StaticInputOptions { observer, exclude })
+        let max_error_ratio = match options.get("max_error_ratio") {
+            None => None,
+            Some(v) => match v.as_f64() {
+                Some(r) if r >= 1.0 && r.is_finite() => Some(r),
+                _ => {
+                    return Err(Error::option(
+                        key("max_error_ratio"),
+                        format!("{v} is not a number >= 1"),
+                    ))
+                }
+            },
+        };
+        let decoder = match options.get("decoder") {
+            None => false,
+            Some(Value::Bool(b)) => *b,
+            Some(other) => {
+                return Err(Error::option(
+                    key("decoder"),
+                    format!("{other} is not true or false"),
+                ))
+            }
+        };
+        Ok(StaticInputOptions {
+            observer,
+            exclude,
+            max_error_ratio,
+            decoder,
+        })
     }
 
-    /// The effective options, as `producer.algorithms` records them.
-    pub fn record(&self) -> BTreeMap<String, Value> {
+    /// The effective options of `algorithm`, as `producer.algorithms` records them.
+    pub fn record(&self, algorithm: &str) -> BTreeMap<String, Value> {
         let mut out = BTreeMap::new();
         out.insert("observer".into(), Value::from(self.observer.name()));
         if let ClipObserver::Percentile(p) = self.observer {
@@ -107,6 +139,12 @@ impl StaticInputOptions {
         }
         if !self.exclude.is_empty() {
             out.insert("exclude".into(), Value::from(self.exclude.clone()));
+        }
+        if let Some(r) = self.max_error_ratio {
+            out.insert("max_error_ratio".into(), Value::from(r));
+        }
+        if algorithm == "static_inputs" {
+            out.insert("decoder".into(), Value::from(self.decoder));
         }
         out
     }
@@ -121,8 +159,9 @@ impl StaticInputOptions {
 }
 
 /// The GEMM-chain consumers that get a static input scale: those whose producer is quantized
-/// too, so the chain can arm, and that `exclude` does not name. (A consumer whose producer stays
-/// full precision keeps its per-token input: a static scale would only cost accuracy there.)
+/// too, so the chain can arm, that run outside a decoder step (unless `decoder`), and that
+/// `exclude` does not name. (A consumer whose producer stays full precision keeps its
+/// per-token input: a static scale would only cost accuracy there.)
 /// An exclude glob that matches no chain consumer is an error naming it.
 pub fn chain_consumers(
     layout: &QuantizationLayout,
@@ -131,8 +170,8 @@ pub fn chain_consumers(
 ) -> Result<Vec<String>> {
     for g in &options.exclude {
         let one = StaticInputOptions {
-            observer: options.observer,
             exclude: vec![g.clone()],
+            ..options.clone()
         };
         if !layout.gemm_chains.iter().any(|c| one.excludes(&c.consumer)) {
             return Err(Error::option(
@@ -145,6 +184,7 @@ pub fn chain_consumers(
         .gemm_chains
         .iter()
         .filter(|c| quantized.contains(&c.producer) && quantized.contains(&c.consumer))
+        .filter(|c| options.decoder || !c.decode_step)
         .filter(|c| !options.excludes(&c.consumer))
         .map(|c| c.consumer.clone())
         .collect())
@@ -168,6 +208,14 @@ pub struct StaticInput {
     pub input_scale: f32,
     /// Values observed.
     pub values: u64,
+    /// The expected output error of this static quantize over that of quantizing the same
+    /// inputs per token (GEMM-chain consumers, whose alternative is the per-token input).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub error_vs_per_token: Option<f64>,
+    /// The expected output error of this static quantize relative to the output's energy
+    /// (Σ‖W[:, j]‖² x_j², from the histogram).
+    #[serde(default)]
+    pub relative_error: f64,
 }
 
 /// The static input of a layer from its histogram.
@@ -207,6 +255,12 @@ pub fn static_input(
         clip_to_max: if max > 0.0 { clip / max } else { 1.0 },
         input_scale: numerics::static_input_scale(clip, dtype),
         values: hist.count(),
+        error_vs_per_token: (hist.per_token_error() > 0.0)
+            .then(|| hist.expected_error(f64::from(clip), dtype) / hist.per_token_error()),
+        relative_error: match hist.energy() {
+            e if e > 0.0 => hist.expected_error(f64::from(clip), dtype) / e,
+            _ => 0.0,
+        },
     })
 }
 
@@ -242,7 +296,7 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(p.observer, ClipObserver::Percentile(99.9));
-        assert_eq!(p.record()["percentile"], json!(99.9));
+        assert_eq!(p.record("static_inputs")["percentile"], json!(99.9));
         for (pairs, needle) in [
             (vec![("observer", json!("kl"))], "static_inputs.observer"),
             (vec![("observer", json!(3))], "static_inputs.observer"),
@@ -289,6 +343,7 @@ mod tests {
                 .map(|p| GemmChainLayout {
                     producer: format!("{p}.fc1"),
                     consumer: format!("{p}.fc2"),
+                    decode_step: false,
                 })
                 .collect(),
             ..Default::default()
@@ -299,7 +354,7 @@ mod tests {
             .flat_map(|c| [c.producer.clone(), c.consumer.clone()])
             .collect();
         let o = parse(&[("exclude", json!("encoder.*"))]).unwrap();
-        assert_eq!(o.record()["exclude"], json!(["encoder.*"]));
+        assert_eq!(o.record("static_inputs")["exclude"], json!(["encoder.*"]));
         assert_eq!(
             chain_consumers(&layout, &all, &o).unwrap(),
             ["decoder.layers.0.fc2"]
@@ -319,7 +374,7 @@ mod tests {
     #[test]
     fn the_scale_is_the_clip_over_q_with_the_amax_floor() {
         let mut h = AbsHistogram::default();
-        h.add_rows(&[0.5, -2.0, 1.0], 1, None, None);
+        h.add_rows(&[0.5, -2.0, 1.0], 1, None, None, None);
         let s = static_input("l", &h, &parse(&[]).unwrap(), QuantDtype::Int8).unwrap();
         assert!(s.clip > 0.0 && s.clip <= 2.0);
         assert_eq!(s.input_scale, s.clip / 127.0);
@@ -335,7 +390,7 @@ mod tests {
             (2.0, 1.0, 2.0 / 448.0)
         );
         let mut zeros = AbsHistogram::default();
-        zeros.add_rows(&[0.0; 4], 1, None, None);
+        zeros.add_rows(&[0.0; 4], 1, None, None, None);
         let s = static_input("l", &zeros, &parse(&[]).unwrap(), QuantDtype::Int8).unwrap();
         assert_eq!(s.input_scale, numerics::AMAX_FLOOR / 127.0);
         let e = static_input(

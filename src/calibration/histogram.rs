@@ -10,7 +10,7 @@
 use std::collections::BTreeMap;
 
 use super::Observer;
-use crate::numerics::QuantDtype;
+use crate::numerics::{self, QuantDtype};
 
 /// Bins per histogram (a power of two).
 pub const BINS: usize = 4096;
@@ -45,7 +45,14 @@ pub struct AbsHistogram {
     max_bits: u32,
     count: u64,
     nonfinite: u64,
+    /// The expected squared error of quantizing the same values per token instead (each row
+    /// with its own scale), weighted as the bins are, in fixed point (PER_TOKEN_UNIT) so that
+    /// merging stays exact; 0 unless the rows were added with a per-token dtype.
+    per_token_error: u128,
 }
+
+/// Fixed-point unit of [`AbsHistogram::per_token_error`]: 2^-32 value² · weight.
+const PER_TOKEN_UNIT: f64 = 4_294_967_296.0;
 
 impl Default for AbsHistogram {
     fn default() -> Self {
@@ -56,6 +63,7 @@ impl Default for AbsHistogram {
             max_bits: 0,
             count: 0,
             nonfinite: 0,
+            per_token_error: 0,
         }
     }
 }
@@ -104,13 +112,15 @@ impl AbsHistogram {
     }
 
     /// Adds |x_j · smooth_j| for every element of `x` (row-major, `cols` columns), each with the
-    /// integer weight of its column (1 without weights).
+    /// integer weight of its column (1 without weights). With `per_token`, also adds the
+    /// expected error of quantizing each row to that dtype with its own scale (its max |x|).
     pub fn add_rows(
         &mut self,
         x: &[f32],
         cols: usize,
         smooth: Option<&[f32]>,
         weights: Option<&[u32]>,
+        per_token: Option<QuantDtype>,
     ) {
         if cols == 0 {
             return;
@@ -145,6 +155,38 @@ impl AbsHistogram {
         if hi > self.max() {
             self.max_bits = hi.to_bits();
         }
+        if let Some(dtype) = per_token {
+            for row in x.chunks_exact(cols) {
+                let row_max = row
+                    .iter()
+                    .enumerate()
+                    .map(|(j, &v)| value(j, v))
+                    .filter(|a| a.is_finite())
+                    .fold(0f32, f32::max);
+                let clip = f64::from(row_max.max(numerics::AMAX_FLOOR));
+                let error: f64 = row
+                    .iter()
+                    .enumerate()
+                    .map(|(j, &v)| {
+                        let a = f64::from(value(j, v));
+                        let step = step_at(dtype, a.min(clip), clip);
+                        let weight = weights.map_or(1.0, |w| f64::from(w[j]));
+                        weight * (step * step / 12.0).min(a * a)
+                    })
+                    .filter(|e| e.is_finite())
+                    .sum();
+                // Rounded per row, then summed as integers: exact in any merge order.
+                self.per_token_error = self
+                    .per_token_error
+                    .saturating_add((error * PER_TOKEN_UNIT).round() as u128);
+            }
+        }
+    }
+
+    /// The expected error of quantizing the values per token (see `add_rows`), in the units of
+    /// [`Self::expected_error`].
+    pub fn per_token_error(&self) -> f64 {
+        self.per_token_error as f64 / PER_TOKEN_UNIT
     }
 
     /// Folds another histogram into this one (exact; the result does not depend on the order).
@@ -157,6 +199,7 @@ impl AbsHistogram {
         }
         self.count += other.count;
         self.nonfinite += other.nonfinite;
+        self.per_token_error = self.per_token_error.saturating_add(other.per_token_error);
         if other.max() > self.max() {
             self.max_bits = other.max_bits;
         }
@@ -194,10 +237,54 @@ impl AbsHistogram {
         self.max()
     }
 
-    /// The clip by expected squared quantization error (docs/calibration.md): values inside the
-    /// clip contribute the rounding noise step² / 12 of the code at their magnitude (v² when
-    /// that is smaller: they round to 0), clipped values (|x| − clip)², each times its weight;
-    /// each bin's values are taken at its centre (the top bin's at most the max).
+    /// The expected squared error of quantizing these values to `dtype` with `clip` mapped to
+    /// Q, each value weighted by its channel weight (counts when no weights were given), in
+    /// units of value² · weight: values inside the clip contribute the rounding noise step² / 12
+    /// of the code at their magnitude (v² when that is smaller: they round to 0), clipped values
+    /// (|x| − clip)²; each bin's values are taken at its centre (the top bin's at most the max).
+    pub fn expected_error(&self, clip: f64, dtype: QuantDtype) -> f64 {
+        let w = f64::from(self.bin_width());
+        let max = f64::from(self.max());
+        self.mass()
+            .iter()
+            .enumerate()
+            .filter(|(_, &n)| n > 0)
+            .map(|(i, &n)| {
+                let v = ((i as f64 + 0.5) * w).min(max);
+                let e = if v > clip {
+                    (v - clip) * (v - clip)
+                } else {
+                    let step = step_at(dtype, v, clip);
+                    (step * step / 12.0).min(v * v)
+                };
+                n as f64 * e
+            })
+            .sum()
+    }
+
+    /// The weighted energy of the values, Σ weight · v² (bin centres), in the units of
+    /// [`Self::expected_error`]: what a relative error is relative to.
+    pub fn energy(&self) -> f64 {
+        let w = f64::from(self.bin_width());
+        let max = f64::from(self.max());
+        self.mass()
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| n as f64 * ((i as f64 + 0.5) * w).min(max).powi(2))
+            .sum()
+    }
+
+    /// Per bin, the values' weights (their counts when every weight is zero, since a weight of
+    /// zeros would make every clip equally good).
+    fn mass(&self) -> &[u64] {
+        if self.weighted.iter().any(|&c| c > 0) {
+            &self.weighted
+        } else {
+            &self.counts
+        }
+    }
+
+    /// The clip by [`Self::expected_error`] (docs/calibration.md).
     ///
     /// int8: the candidate minimising it among every bin edge below the max and the max (ties
     /// to the larger). e4m3: the error inside the range is relative to the value whatever the
@@ -206,34 +293,8 @@ impl AbsHistogram {
     /// FP8_HEADROOM_TOLERANCE of the error at the max (headroom for activations calibration
     /// never saw, paid for only by values pushed into the subnormal range).
     fn mse_clip(&self, dtype: QuantDtype) -> f32 {
-        let w = f64::from(self.bin_width());
+        let cost = |c: f64| self.expected_error(c, dtype);
         let max = f64::from(self.max());
-        // All-zero weights (a weight of zeros) would make every clip equally good: count instead.
-        let mass = if self.weighted.iter().any(|&c| c > 0) {
-            &self.weighted
-        } else {
-            &self.counts
-        };
-        let bins: Vec<(f64, f64)> = mass
-            .iter()
-            .enumerate()
-            .filter(|(_, &c)| c > 0)
-            .map(|(i, &c)| (((i as f64 + 0.5) * w).min(max), c as f64))
-            .collect();
-        let cost = |c: f64| -> f64 {
-            bins.iter()
-                .map(|&(v, n)| {
-                    let e = if v > c {
-                        (v - c) * (v - c)
-                    } else {
-                        // A value far below the step rounds to 0 with error v², not step² / 12.
-                        let step = step_at(dtype, v, c);
-                        (step * step / 12.0).min(v * v)
-                    };
-                    n * e
-                })
-                .sum()
-        };
         match dtype {
             QuantDtype::Int8 => {
                 let last = self.counts.iter().rposition(|&c| c > 0).unwrap_or(0);
@@ -353,6 +414,9 @@ pub struct HistogramTarget {
     pub smooth_inv: Option<Vec<f32>>,
     /// Per input channel, the weight of its values ([`channel_weights`]).
     pub channel_weights: Option<Vec<u32>>,
+    /// Also measure the error of the per-token quantize to this dtype (the alternative to a
+    /// static scale that a GEMM-chain consumer falls back to).
+    pub per_token: Option<QuantDtype>,
 }
 
 impl<'a> HistogramObserver<'a> {
@@ -381,7 +445,7 @@ impl Observer for HistogramObserver<'_> {
         self.histograms
             .entry(layer.to_string())
             .or_default()
-            .add_rows(x, cols, smooth, weights);
+            .add_rows(x, cols, smooth, weights, target.per_token);
     }
 
     fn merge(&mut self, other: Self) {
@@ -402,7 +466,7 @@ mod tests {
 
     fn hist(values: &[f32]) -> AbsHistogram {
         let mut h = AbsHistogram::default();
-        h.add_rows(values, 1, None, None);
+        h.add_rows(values, 1, None, None, None);
         h
     }
 
@@ -427,7 +491,7 @@ mod tests {
         assert_eq!(h.bin_width(), pow2(-10));
         assert_eq!(h.counts()[1024], 1);
         assert_eq!(h.counts()[1536], 1);
-        h.add_rows(&[-5000.0], 1, None, None);
+        h.add_rows(&[-5000.0], 1, None, None, None);
         assert_eq!(h.bin_width(), 2.0);
         assert_eq!(
             &h.counts()[..3],
@@ -436,7 +500,7 @@ mod tests {
         );
         assert_eq!(h.counts()[2500], 1);
         assert_eq!((h.max(), h.count()), (5000.0, 5));
-        h.add_rows(&[f32::NAN, f32::INFINITY], 1, None, None);
+        h.add_rows(&[f32::NAN, f32::INFINITY], 1, None, None, None);
         assert_eq!((h.count(), h.nonfinite()), (5, 2));
     }
 
@@ -499,7 +563,7 @@ mod tests {
             .iter()
             .map(|u| (0.25 + 0.75 * u) as f32)
             .collect();
-        h.add_rows(&narrow, 1, None, None);
+        h.add_rows(&narrow, 1, None, None, None);
         let fp8 = QuantDtype::Float8E4m3fn;
         assert_eq!(h.clip(ClipObserver::Mse, fp8), 256.0 * h.max());
         // 99 % of the values at 2^-12: 2^k of headroom pushes them into the subnormal range
@@ -507,7 +571,7 @@ mod tests {
         let mut wide = AbsHistogram::default();
         let mut values = vec![2f32.powi(-12); 9_900];
         values.extend([1.0; 100]);
-        wide.add_rows(&values, 1, None, None);
+        wide.add_rows(&values, 1, None, None, None);
         let clip = wide.clip(ClipObserver::Mse, fp8);
         assert!(
             clip >= 4.0 * wide.max() && clip < 256.0 * wide.max(),
@@ -526,9 +590,9 @@ mod tests {
             .flat_map(|(i, v)| [*v as f32, if i % 50_000 == 7 { 1.3 } else { 0.0 }])
             .collect();
         let mut plain = AbsHistogram::default();
-        plain.add_rows(&x, 2, None, None);
+        plain.add_rows(&x, 2, None, None, None);
         let mut weighted = AbsHistogram::default();
-        weighted.add_rows(&x, 2, None, Some(&[1, 1000]));
+        weighted.add_rows(&x, 2, None, Some(&[1, 1000]), None);
         let dtype = QuantDtype::Int8;
         assert!(plain.clip(ClipObserver::Mse, dtype) < 0.85 * plain.max());
         assert!(weighted.clip(ClipObserver::Mse, dtype) > 0.95 * weighted.max());
@@ -612,7 +676,7 @@ mod tests {
             let chunks: Vec<Vec<f32>> = chunks.iter().map(|c| c.iter().flat_map(|&v| [v, -v * 0.5]).collect()).collect();
             let add = |values: &[f32]| {
                 let mut h = AbsHistogram::default();
-                h.add_rows(values, 2, None, Some(&weights));
+                h.add_rows(values, 2, None, Some(&weights), None);
                 h
             };
             let all: Vec<f32> = chunks.concat();
@@ -663,7 +727,7 @@ mod tests {
     #[test]
     fn the_smoother_scales_before_binning() {
         let mut h = AbsHistogram::default();
-        h.add_rows(&[1.0, 1.0, -2.0, 3.0], 2, Some(&[0.5, 4.0]), None);
+        h.add_rows(&[1.0, 1.0, -2.0, 3.0], 2, Some(&[0.5, 4.0]), None, None);
         assert_eq!(h.max(), 12.0);
         assert_eq!(h.count(), 4);
     }

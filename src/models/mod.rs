@@ -34,6 +34,11 @@ pub struct SmoothGroup {
 pub struct GemmChainLayout {
     pub producer: String,
     pub consumer: String,
+    /// The chain runs inside an autoregressive decoder's step (a handful of rows per call):
+    /// arming it saves one small quantize launch, while a static scale costs the decoder's
+    /// logits the most, so `static_inputs` leaves it per-token unless asked
+    /// (`static_inputs.decoder=true`; docs/recipes.md).
+    pub decode_step: bool,
 }
 
 /// What an architecture declares about quantization.

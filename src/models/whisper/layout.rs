@@ -176,6 +176,7 @@ pub fn quantization_layout(c: &WhisperConfig) -> QuantizationLayout {
             l.gemm_chains.push(GemmChainLayout {
                 producer: format!("{p}.fc1"),
                 consumer: format!("{p}.fc2"),
+                decode_step: side == "decoder",
             });
         }
     }
