@@ -102,7 +102,8 @@ enum Command {
         /// The dtype the quantized GEMMs round to.
         #[arg(long, value_enum, default_value_t = ServedDtype::F16)]
         served_dtype: ServedDtype,
-        /// Where the quantized GEMMs run (cpu: the reference numerics).
+        /// Where the quantized GEMMs and quantize steps run (cpu: the reference numerics; cuda:
+        /// GPU 0, int8 bit-identical to cpu).
         #[arg(long, value_enum, default_value_t = VerifyDevice::Cpu)]
         device: VerifyDevice,
     },
@@ -198,7 +199,17 @@ impl From<ServedDtype> for oasr_quantize::numerics::OutDtype {
 #[derive(Clone, Copy, clap::ValueEnum)]
 enum VerifyDevice {
     Cpu,
+    /// GPU 0 (needs a build with `--features cuda`).
     Cuda,
+}
+
+impl From<VerifyDevice> for oasr_quantize::verify::VerifyDevice {
+    fn from(d: VerifyDevice) -> Self {
+        match d {
+            VerifyDevice::Cpu => Self::Cpu,
+            VerifyDevice::Cuda => Self::Cuda,
+        }
+    }
 }
 
 fn main() -> ExitCode {
@@ -476,16 +487,14 @@ fn verify(
     served: ServedDtype,
     device: VerifyDevice,
 ) -> Result<()> {
-    if let VerifyDevice::Cuda = device {
-        anyhow::bail!("--device cuda: the verify run's CUDA lane is not implemented in this version; the kernels are (see docs/cuda.md); use --device cpu");
-    }
     let (manifest, bar) = run.start("verifying")?;
-    let report = oasr_quantize::verify::verify(
+    let report = oasr_quantize::verify::verify_on(
         &quantized,
         &reference,
         &manifest,
         run.limit,
         served.into(),
+        device.into(),
         |done, _, id| {
             bar.set_position(done as u64);
             bar.set_message(id.to_string());
@@ -494,6 +503,7 @@ fn verify(
     bar.finish_and_clear();
     let pct = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{:.2}%", v * 100.0));
     println!("utterances:        {}", report.utterances);
+    println!("quantized GEMMs on {}", report.device);
     println!(
         "WER full precision {}  quantized {}  delta {}",
         pct(report.wer_full_precision),

@@ -10,7 +10,8 @@
 //! smoother on q/k/v; fc1 -> fc2 as a GEMM chain whose producer writes fc2's statically scaled,
 //! smoothed int8 input), the final layer norm and the tied output head on a 4096-token slice of
 //! the vocabulary. Cross-attention is left out (it needs the encoder, i.e. audio features);
-//! the verify command (`oasr-quantize verify --device cuda`) will run the whole model.
+//! `tests/cuda_verify.rs` runs the whole model on real audio (`oasr-quantize verify --device
+//! cuda`).
 //!
 //! Weights come from `$OASR_WHISPER_SUBSET` (a small safetensors file that
 //! `write_whisper_subset` extracts, for machines without the 75 MB checkpoint) or from the

@@ -51,6 +51,8 @@ fn verify_compares_the_quantized_model_with_full_precision() {
     .err()
     .unwrap();
     assert!(e.to_string().contains("not a quantized checkpoint"), "{e}");
+    // Without the `cuda` feature, --device cuda is refused with what to do.
+    #[cfg(not(feature = "cuda"))]
     let (ok, _, err) = common::cli(&[
         "verify",
         q.to_str().unwrap(),
@@ -61,5 +63,10 @@ fn verify_compares_the_quantized_model_with_full_precision() {
         "--device",
         "cuda",
     ]);
-    assert!(!ok && err.contains("--device cuda"), "{err}");
+    #[cfg(not(feature = "cuda"))]
+    assert!(
+        !ok && err.contains("built without the `cuda` feature")
+            && err.contains("rebuild with --features cuda"),
+        "{err}"
+    );
 }

@@ -807,13 +807,58 @@ impl CudaLane {
         }
         let xd = self.upload(x)?;
         let sd = smooth_inv.map(|s| self.upload(s)).transpose()?;
-        let codes = self.zeros::<u8>(x.len())?;
-        let scales = self.zeros::<f32>(rows)?;
+        let mut codes = self.zeros::<u8>(x.len())?;
+        let mut scales = self.zeros::<f32>(rows)?;
+        self.launch_quantize_per_token(
+            &xd,
+            sd.as_ref(),
+            &mut codes,
+            &mut scales,
+            rows,
+            cols,
+            dtype,
+        )?;
+        let codes_h = self.download(&codes)?;
+        let scales_h = self.download(&scales)?;
+        Ok(QuantizedRows {
+            dtype,
+            rows,
+            cols,
+            codes: codes_h,
+            scales: scales_h,
+        })
+    }
+
+    /// [`quantize_per_token`](Self::quantize_per_token) on device buffers: `x` [rows, cols]
+    /// into `codes` [rows, cols] and `scales` [rows]. Asynchronous, on the lane's stream.
+    #[allow(clippy::too_many_arguments)]
+    pub fn launch_quantize_per_token(
+        &self,
+        x: &CudaSlice<f32>,
+        smooth_inv: Option<&CudaSlice<f32>>,
+        codes: &mut CudaSlice<u8>,
+        scales: &mut CudaSlice<f32>,
+        rows: usize,
+        cols: usize,
+        dtype: QuantDtype,
+    ) -> Result<()> {
+        let op = "quantize_per_token";
+        if rows == 0 || cols == 0 {
+            return Err(refused(op, "rows and cols must be at least 1"));
+        }
+        check_i32(op, "rows", rows)?;
+        check_i32(op, "cols", cols)?;
+        check_len(op, "x", x.len(), rows, cols)?;
+        check_len(op, "codes", codes.len(), rows, cols)?;
+        check_len(op, "scales", scales.len(), rows, 1)?;
+        if let Some(s) = smooth_inv {
+            check_len(op, "smooth_inv", s.len(), cols, 1)?;
+        }
         let (xp, sp, cp, scp) = (
-            self.ptr(&xd),
-            sd.as_ref().map_or(0, |s| self.ptr(s)),
-            self.ptr(&codes),
-            self.ptr(&scales),
+            self.ptr(x),
+            smooth_inv.map_or(0, |s| self.ptr(s)),
+            self.ptr(codes),
+            self.ptr(scales),
         );
         let (r, c, d) = (rows as i32, cols as i32, quant_code(dtype));
         let cfg = LaunchConfig {
@@ -822,7 +867,8 @@ impl CudaLane {
             shared_mem_bytes: 0,
         };
         // SAFETY: argument types match `oasr_quantize_per_token(const float*, const float*,
-        // u8*, float*, i32, i32, i32)`; buffers hold rows * cols / cols / rows elements.
+        // u8*, float*, i32, i32, i32)`; buffers hold rows * cols / cols / rows * cols / rows
+        // elements (checked above).
         unsafe {
             self.stream
                 .launch_builder(&self.quantize_per_token_fn)
@@ -836,15 +882,7 @@ impl CudaLane {
                 .launch(cfg)
         }
         .map_err(cuda_err("launch of oasr_quantize_per_token"))?;
-        let codes_h = self.download(&codes)?;
-        let scales_h = self.download(&scales)?;
-        Ok(QuantizedRows {
-            dtype,
-            rows,
-            cols,
-            codes: codes_h,
-            scales: scales_h,
-        })
+        Ok(())
     }
 
     /// GPU [`numerics::quantize_static`]: bit-identical codes.
@@ -871,17 +909,44 @@ impl CudaLane {
         let mult = numerics::static_multipliers(cols, smooth_inv, input_scale);
         let xd = self.upload(x)?;
         let md = self.upload(&mult)?;
-        let codes = self.zeros::<u8>(x.len())?;
-        let (xp, mp, cp) = (self.ptr(&xd), self.ptr(&md), self.ptr(&codes));
+        let mut codes = self.zeros::<u8>(x.len())?;
+        self.launch_quantize_static(&xd, &md, &mut codes, rows, cols, dtype)?;
+        self.download(&codes)
+    }
+
+    /// [`quantize_static`](Self::quantize_static) on device buffers, with the per-column
+    /// multipliers `mult` = `numerics::static_multipliers(cols, smooth_inv, input_scale)`
+    /// already on the GPU. Asynchronous, on the lane's stream.
+    pub fn launch_quantize_static(
+        &self,
+        x: &CudaSlice<f32>,
+        mult: &CudaSlice<f32>,
+        codes: &mut CudaSlice<u8>,
+        rows: usize,
+        cols: usize,
+        dtype: QuantDtype,
+    ) -> Result<()> {
+        let op = "quantize_static";
+        if rows == 0 || cols == 0 {
+            return Err(refused(op, "rows and cols must be at least 1"));
+        }
+        check_i32(op, "rows", rows)?;
+        check_i32(op, "cols", cols)?;
+        check_len(op, "x", x.len(), rows, cols)?;
+        check_len(op, "codes", codes.len(), rows, cols)?;
+        check_len(op, "mult", mult.len(), cols, 1)?;
+        let (xp, mp, cp) = (self.ptr(x), self.ptr(mult), self.ptr(codes));
         let (r, c, d) = (rows as i32, cols as i32, quant_code(dtype));
-        let blocks = x.len().div_ceil(256).min(self.info.sm_count.max(1) * 16) as u32;
+        let blocks = (rows * cols)
+            .div_ceil(256)
+            .min(self.info.sm_count.max(1) * 16) as u32;
         let cfg = LaunchConfig {
             grid_dim: (blocks, 1, 1),
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
         // SAFETY: argument types match `oasr_quantize_static(const float*, const float*, u8*,
-        // i32, i32, i32)`; buffers hold rows * cols / cols / rows * cols elements.
+        // i32, i32, i32)`; buffers hold rows * cols / cols / rows * cols elements (checked).
         unsafe {
             self.stream
                 .launch_builder(&self.quantize_static_fn)
@@ -894,7 +959,7 @@ impl CudaLane {
                 .launch(cfg)
         }
         .map_err(cuda_err("launch of oasr_quantize_static"))?;
-        self.download(&codes)
+        Ok(())
     }
 
     /// GPU [`numerics::scaled_mm`]: int8 bit-identical to the reference; fp8 within the bound

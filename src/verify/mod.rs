@@ -2,7 +2,12 @@
 //! quantized model runs its quantized GEMMs with the reference numerics of `numerics/`, exactly as
 //! the serving kernels compute them (per-token quantize with the smoother, or the static
 //! quantize; the scaled GEMM with its epilogue rounded once to the served dtype); every other
-//! operation runs in f32 as in the full-precision forward.
+//! operation runs in f32 as in the full-precision forward. With the `cuda` feature the quantized
+//! GEMMs and quantize steps can run on a GPU instead ([`VerifyDevice::Cuda`], module [`cuda`]),
+//! with the same numerics.
+
+#[cfg(feature = "cuda")]
+pub mod cuda;
 
 use std::collections::{BTreeMap, HashSet};
 use std::path::Path;
@@ -214,6 +219,118 @@ impl QuantizedModel {
             nonfinite: 0,
         }
     }
+
+    /// The logits of every step when this model scores `tokens` (the prompt included) on
+    /// `samples` (16 kHz mono) through `exec`: what a verify run's teacher-forced agreement
+    /// compares, raw.
+    pub fn teacher_forced_logits(
+        &self,
+        exec: &mut dyn LinearExec,
+        samples: &[f32],
+        tokens: &[u32],
+    ) -> Result<Vec<Vec<f32>>> {
+        let audio = self.transcriber.encode(exec, samples)?;
+        teacher_forced(
+            &self.transcriber.model,
+            exec,
+            &audio,
+            &self.transcriber.rules,
+            tokens,
+        )
+    }
+}
+
+/// Where a verify run's quantized GEMMs and quantize steps run.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum VerifyDevice {
+    /// The reference numerics of `numerics/`.
+    #[default]
+    Cpu,
+    /// GPU 0 through the CUDA lane (feature `cuda`): int8 bit-identical to `Cpu`.
+    Cuda,
+}
+
+#[cfg(not(feature = "cuda"))]
+fn no_cuda() -> Error {
+    Error::Cuda {
+        what: "verify --device cuda".into(),
+        message:
+            "this oasr-quantize was built without the `cuda` feature; rebuild with --features cuda"
+                .into(),
+    }
+}
+
+/// The lane a verify run's quantized model uses, opened.
+enum Lane {
+    Cpu,
+    #[cfg(feature = "cuda")]
+    Cuda(Box<cuda::CudaModel>),
+}
+
+impl Lane {
+    fn open(device: VerifyDevice, q: &QuantizedModel) -> Result<Self> {
+        match device {
+            VerifyDevice::Cpu => Ok(Lane::Cpu),
+            #[cfg(feature = "cuda")]
+            VerifyDevice::Cuda => Ok(Lane::Cuda(Box::new(cuda::CudaModel::open(q)?))),
+            #[cfg(not(feature = "cuda"))]
+            VerifyDevice::Cuda => {
+                let _ = q;
+                Err(no_cuda())
+            }
+        }
+    }
+
+    fn name(&self) -> String {
+        match self {
+            Lane::Cpu => "cpu".into(),
+            #[cfg(feature = "cuda")]
+            Lane::Cuda(m) => m.device().into(),
+        }
+    }
+
+    fn exec<'a>(&'a self, q: &'a QuantizedModel, served: OutDtype) -> Exec<'a> {
+        match self {
+            Lane::Cpu => Exec::Cpu(q.exec(served)),
+            #[cfg(feature = "cuda")]
+            Lane::Cuda(m) => Exec::Cuda(m.exec(q, served)),
+        }
+    }
+}
+
+/// One utterance's executor of the quantized model.
+enum Exec<'a> {
+    Cpu(QuantizedExec<'a>),
+    #[cfg(feature = "cuda")]
+    Cuda(cuda::CudaExec<'a>),
+}
+
+impl Exec<'_> {
+    fn nonfinite(&self) -> usize {
+        match self {
+            Exec::Cpu(e) => e.nonfinite,
+            #[cfg(feature = "cuda")]
+            Exec::Cuda(e) => e.nonfinite,
+        }
+    }
+}
+
+impl LinearExec for Exec<'_> {
+    fn linear(&mut self, layer: &Linear, x: &Tensor) -> Result<Tensor> {
+        match self {
+            Exec::Cpu(e) => e.linear(layer, x),
+            #[cfg(feature = "cuda")]
+            Exec::Cuda(e) => e.linear(layer, x),
+        }
+    }
+
+    fn linear_gelu(&mut self, layer: &Linear, x: &Tensor) -> Result<Tensor> {
+        match self {
+            Exec::Cpu(e) => e.linear_gelu(layer, x),
+            #[cfg(feature = "cuda")]
+            Exec::Cuda(e) => e.linear_gelu(layer, x),
+        }
+    }
 }
 
 /// Logit agreement over decoding steps.
@@ -303,6 +420,9 @@ pub struct VerifyReport {
     pub reference_checkpoint: String,
     pub manifest: String,
     pub served_dtype: OutDtype,
+    /// Where the quantized model's GEMMs ran: `cpu` (the reference numerics) or
+    /// `cuda (<GPU name>, <architecture>)`.
+    pub device: String,
     pub utterances: usize,
     pub wer_full_precision: Option<f64>,
     pub wer_quantized: Option<f64>,
@@ -337,11 +457,12 @@ fn verify_one(
     q: &QuantizedModel,
     r: &Transcriber,
     u: &Utterance,
+    lane: &Lane,
     served: OutDtype,
 ) -> Result<UtteranceRun> {
     let samples = r.read(u)?;
     let fp = r.decode(&mut FullPrecision, &samples, true)?;
-    let mut exec = q.exec(served);
+    let mut exec = lane.exec(q, served);
     let audio = q.transcriber.encode(&mut exec, &samples)?;
     let qd = crate::models::whisper::greedy(
         &q.transcriber.model,
@@ -357,7 +478,7 @@ fn verify_one(
         &q.transcriber.rules,
         &fp.tokens,
     )?;
-    let nonfinite = exec.nonfinite
+    let nonfinite = exec.nonfinite()
         + qd.step_logits
             .iter()
             .chain(&scored)
@@ -392,7 +513,8 @@ fn verify_one(
     })
 }
 
-/// Runs the reference and the quantized checkpoint on the first `limit` utterances of a manifest.
+/// Runs the reference and the quantized checkpoint on the first `limit` utterances of a manifest,
+/// the quantized GEMMs with the CPU reference numerics.
 pub fn verify(
     quantized: &Path,
     reference: &Path,
@@ -401,7 +523,34 @@ pub fn verify(
     served: OutDtype,
     progress: impl Fn(usize, usize, &str) + Sync,
 ) -> Result<VerifyReport> {
+    verify_on(
+        quantized,
+        reference,
+        manifest,
+        limit,
+        served,
+        VerifyDevice::Cpu,
+        progress,
+    )
+}
+
+/// [`verify`] with the quantized GEMMs and quantize steps on `device`. [`VerifyDevice::Cuda`]
+/// fails with [`Error::Cuda`] in a build without the `cuda` feature, or without a usable GPU.
+pub fn verify_on(
+    quantized: &Path,
+    reference: &Path,
+    manifest: &Manifest,
+    limit: Option<usize>,
+    served: OutDtype,
+    device: VerifyDevice,
+    progress: impl Fn(usize, usize, &str) + Sync,
+) -> Result<VerifyReport> {
+    #[cfg(not(feature = "cuda"))]
+    if device == VerifyDevice::Cuda {
+        return Err(no_cuda());
+    }
     let q = QuantizedModel::load(quantized)?;
+    let lane = Lane::open(device, &q)?;
     let r = Transcriber::new(&Checkpoint::open(reference)?)?;
     let started = std::time::Instant::now();
     let chosen: Vec<_> = manifest
@@ -415,7 +564,7 @@ pub fn verify(
     let runs = chosen
         .par_iter()
         .map(|u| {
-            let run = verify_one(&q, &r, u, served).map_err(|e| Error::Utterance {
+            let run = verify_one(&q, &r, u, &lane, served).map_err(|e| Error::Utterance {
                 id: u.id.clone(),
                 source: Box::new(e),
             })?;
@@ -447,6 +596,7 @@ pub fn verify(
         reference_checkpoint: reference.display().to_string(),
         manifest: manifest.path.display().to_string(),
         served_dtype: served,
+        device: lane.name(),
         utterances: chosen.len(),
         wer_full_precision: wr,
         wer_quantized: wq,
