@@ -328,6 +328,15 @@ mod tests {
                 vec![("exclude", json!("[unclosed"))],
                 "static_inputs.exclude",
             ),
+            (
+                vec![("max_error_ratio", json!(0.5))],
+                "static_inputs.max_error_ratio",
+            ),
+            (
+                vec![("max_error_ratio", json!("big"))],
+                "static_inputs.max_error_ratio",
+            ),
+            (vec![("decoder", json!("yes"))], "static_inputs.decoder"),
         ] {
             let e = parse(&pairs).unwrap_err().to_string();
             assert!(e.contains(needle), "{pairs:?}: {e}");
@@ -369,6 +378,70 @@ mod tests {
             e.contains("static_inputs.exclude") && e.contains("conformer.*"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn decode_step_chains_stay_per_token_unless_asked() {
+        use crate::models::GemmChainLayout;
+        let layout = QuantizationLayout {
+            gemm_chains: [("encoder.layers.0", false), ("decoder.layers.0", true)]
+                .iter()
+                .map(|(p, decode_step)| GemmChainLayout {
+                    producer: format!("{p}.fc1"),
+                    consumer: format!("{p}.fc2"),
+                    decode_step: *decode_step,
+                })
+                .collect(),
+            ..Default::default()
+        };
+        let all: HashSet<String> = layout
+            .gemm_chains
+            .iter()
+            .flat_map(|c| [c.producer.clone(), c.consumer.clone()])
+            .collect();
+        let default = parse(&[]).unwrap();
+        assert_eq!(default.record("static_inputs")["decoder"], json!(false));
+        assert_eq!(
+            chain_consumers(&layout, &all, &default).unwrap(),
+            ["encoder.layers.0.fc2"]
+        );
+        let with_decoder = parse(&[("decoder", json!(true))]).unwrap();
+        assert_eq!(
+            chain_consumers(&layout, &all, &with_decoder).unwrap(),
+            ["encoder.layers.0.fc2", "decoder.layers.0.fc2"]
+        );
+    }
+
+    #[test]
+    fn the_error_ratio_compares_the_static_quantize_with_the_per_token_one() {
+        // Two rows a hundred times apart: one per-tensor scale costs the small row ~100² in
+        // squared error, while per token each row has its own step.
+        let rows: Vec<f32> = [1.0f32, 0.5, -0.25, 0.75]
+            .iter()
+            .chain([100.0f32, 50.0, -25.0, 75.0].iter())
+            .copied()
+            .collect();
+        let mut h = AbsHistogram::default();
+        h.add_rows(&rows, 4, None, None, Some(QuantDtype::Int8));
+        let minmax = parse(&[("observer", json!("minmax"))]).unwrap();
+        let s = static_input("l", &h, &minmax, QuantDtype::Int8).unwrap();
+        let ratio = s.error_vs_per_token.unwrap();
+        assert!(ratio > 1.5 && ratio < 2.5, "{ratio}");
+        // Per token: each row's step is its max / 127, so the error is Σ_rows 4 · step² / 12.
+        let expected = 4.0 * ((1.0f64 / 127.0).powi(2) + (100.0f64 / 127.0).powi(2)) / 12.0;
+        assert!((h.per_token_error() / expected - 1.0).abs() < 1e-6);
+        // Equal rows: the static and per-token quantizes agree up to the bin resolution.
+        let mut same = AbsHistogram::default();
+        let twice: Vec<f32> = rows[4..].iter().chain(&rows[4..]).copied().collect();
+        same.add_rows(&twice, 4, None, None, Some(QuantDtype::Int8));
+        let s = static_input("l", &same, &minmax, QuantDtype::Int8).unwrap();
+        assert!((s.error_vs_per_token.unwrap() - 1.0).abs() < 0.05, "{s:?}");
+        // Without the per-token measurement there is no ratio (convolutions).
+        let mut plain = AbsHistogram::default();
+        plain.add_rows(&rows, 4, None, None, None);
+        let s = static_input("l", &plain, &minmax, QuantDtype::Int8).unwrap();
+        assert_eq!(s.error_vs_per_token, None);
+        assert!(s.relative_error > 0.0);
     }
 
     #[test]
