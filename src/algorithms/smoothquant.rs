@@ -32,15 +32,27 @@ pub struct SmoothedGroup {
     pub alpha: f32,
 }
 
+/// A channel whose calibrated max |x| is below this fraction of the group's median channel max
+/// counts as dormant (see [`factors`]).
+pub const DORMANT_FRACTION: f32 = 1e-2;
+
 /// The smoothing factors of one group, clamped to `[lower_j, upper_j]`. A channel calibration
-/// never saw active (or an all-zero weight column) keeps s = 1.
+/// never saw active, or saw only dormant (below [`DORMANT_FRACTION`] of the median channel's
+/// max), or an all-zero weight column, keeps s = 1. (A dormant channel's s from the formula is
+/// tiny: it would amplify the channel's input by 1/s and shrink its weight column to rounding
+/// noise, so audio that wakes it up, as one gate utterance wakes a GELU channel of tiny.en's
+/// `encoder.layers.3.fc2`, loses that channel's contribution: docs/recipes.md.)
 pub fn factors(x_max: &[f32], w_max: &[f32], alpha: f32, lower: &[f32]) -> Vec<f32> {
+    let mut sorted: Vec<f32> = x_max.iter().copied().filter(|x| x.is_finite()).collect();
+    sorted.sort_by(f32::total_cmp);
+    let median = sorted.get(sorted.len() / 2).copied().unwrap_or(0.0);
+    let dormant = median * DORMANT_FRACTION;
     x_max
         .iter()
         .zip(w_max)
         .zip(lower)
         .map(|((&x, &w), &lo)| {
-            if !(x > 0.0 && w > 0.0) {
+            if !(x > 0.0 && x >= dormant && w > 0.0) {
                 return 1.0;
             }
             let s = x.powf(alpha) / w.powf(1.0 - alpha);
@@ -234,5 +246,17 @@ mod tests {
         assert_eq!(factors(&[1e12], &[1.0], 0.5, &[0.0])[0], F16_MAX);
         // The folded parameter stays inside f16: s >= |γ| / 65504.
         assert_eq!(factors(&[1e-6], &[1.0], 0.5, &[0.5])[0], 0.5);
+    }
+
+    #[test]
+    fn dormant_channels_keep_s_one() {
+        // Median channel max 4: a channel below 4 · 1e-2 is dormant, one at it is not.
+        let s = factors(
+            &[4.0, 4.0, 1e-6, 0.04, 9.0],
+            &[1.0; 5],
+            0.5,
+            &[0.0; 5],
+        );
+        assert_eq!(s, [2.0, 2.0, 1.0, 0.2, 3.0]);
     }
 }
