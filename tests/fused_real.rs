@@ -60,7 +60,10 @@ fn check_fused_checkpoint(
         let r = report.layers.iter().find(|l| &l.name == name).unwrap();
         if let Some(st) = &r.static_input {
             // Only the encoder's fc2 take a static scale: decode-step chains stay per-token.
-            assert!(name.starts_with("encoder.") && name.ends_with(".fc2"), "{name}");
+            assert!(
+                name.starts_with("encoder.") && name.ends_with(".fc2"),
+                "{name}"
+            );
             fixed_fc2.push(name.clone());
             assert_eq!(layer.scheme, fixed, "{name}");
             assert_eq!(layer.smooth, SmoothFold::Runtime, "{name}");

@@ -34,7 +34,13 @@ const REGISTRY: &[Registered] = &[
     },
     Registered {
         name: "static_inputs",
-        options: &["observer", "percentile", "exclude", "max_error_ratio", "decoder"],
+        options: &[
+            "observer",
+            "percentile",
+            "exclude",
+            "max_error_ratio",
+            "decoder",
+        ],
         missing: None,
         what: "calibrated static input scales of GEMM-chain consumers",
     },

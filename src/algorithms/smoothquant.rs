@@ -251,12 +251,7 @@ mod tests {
     #[test]
     fn dormant_channels_keep_s_one() {
         // Median channel max 4: a channel below 4 · 1e-2 is dormant, one at it is not.
-        let s = factors(
-            &[4.0, 4.0, 1e-6, 0.04, 9.0],
-            &[1.0; 5],
-            0.5,
-            &[0.0; 5],
-        );
+        let s = factors(&[4.0, 4.0, 1e-6, 0.04, 9.0], &[1.0; 5], 0.5, &[0.0; 5]);
         assert_eq!(s, [2.0, 2.0, 1.0, 0.2, 3.0]);
     }
 }
