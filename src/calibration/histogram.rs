@@ -243,21 +243,15 @@ impl AbsHistogram {
     /// of the code at their magnitude (v² when that is smaller: they round to 0), clipped values
     /// (|x| − clip)²; each bin's values are taken at its centre (the top bin's at most the max).
     pub fn expected_error(&self, clip: f64, dtype: QuantDtype) -> f64 {
-        let w = f64::from(self.bin_width());
-        let max = f64::from(self.max());
-        self.mass()
-            .iter()
-            .enumerate()
-            .filter(|(_, &n)| n > 0)
-            .map(|(i, &n)| {
-                let v = ((i as f64 + 0.5) * w).min(max);
+        self.centres()
+            .map(|(v, n)| {
                 let e = if v > clip {
                     (v - clip) * (v - clip)
                 } else {
                     let step = step_at(dtype, v, clip);
                     (step * step / 12.0).min(v * v)
                 };
-                n as f64 * e
+                n * e
             })
             .sum()
     }
@@ -265,13 +259,18 @@ impl AbsHistogram {
     /// The weighted energy of the values, Σ weight · v² (bin centres), in the units of
     /// [`Self::expected_error`]: what a relative error is relative to.
     pub fn energy(&self) -> f64 {
+        self.centres().map(|(v, n)| n * v * v).sum()
+    }
+
+    /// Each non-empty bin as (its centre, capped at the max; its mass).
+    fn centres(&self) -> impl Iterator<Item = (f64, f64)> + '_ {
         let w = f64::from(self.bin_width());
         let max = f64::from(self.max());
         self.mass()
             .iter()
             .enumerate()
-            .map(|(i, &n)| n as f64 * ((i as f64 + 0.5) * w).min(max).powi(2))
-            .sum()
+            .filter(|(_, &n)| n > 0)
+            .map(move |(i, &n)| (((i as f64 + 0.5) * w).min(max), n as f64))
     }
 
     /// Per bin, the values' weights (their counts when every weight is zero, since a weight of
