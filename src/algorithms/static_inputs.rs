@@ -343,25 +343,31 @@ mod tests {
         }
     }
 
-    #[test]
-    fn exclude_keeps_chain_consumers_per_token_and_must_match() {
+    /// fc1 → fc2 chains under each prefix (with its decode_step), and every layer's name.
+    fn chains(prefixes: &[(&str, bool)]) -> (QuantizationLayout, HashSet<String>) {
         use crate::models::GemmChainLayout;
         let layout = QuantizationLayout {
-            gemm_chains: ["encoder.layers.0", "decoder.layers.0"]
+            gemm_chains: prefixes
                 .iter()
-                .map(|p| GemmChainLayout {
+                .map(|(p, decode_step)| GemmChainLayout {
                     producer: format!("{p}.fc1"),
                     consumer: format!("{p}.fc2"),
-                    decode_step: false,
+                    decode_step: *decode_step,
                 })
                 .collect(),
             ..Default::default()
         };
-        let all: HashSet<String> = layout
+        let all = layout
             .gemm_chains
             .iter()
             .flat_map(|c| [c.producer.clone(), c.consumer.clone()])
             .collect();
+        (layout, all)
+    }
+
+    #[test]
+    fn exclude_keeps_chain_consumers_per_token_and_must_match() {
+        let (layout, all) = chains(&[("encoder.layers.0", false), ("decoder.layers.0", false)]);
         let o = parse(&[("exclude", json!("encoder.*"))]).unwrap();
         assert_eq!(o.record("static_inputs")["exclude"], json!(["encoder.*"]));
         assert_eq!(
@@ -382,23 +388,7 @@ mod tests {
 
     #[test]
     fn decode_step_chains_stay_per_token_unless_asked() {
-        use crate::models::GemmChainLayout;
-        let layout = QuantizationLayout {
-            gemm_chains: [("encoder.layers.0", false), ("decoder.layers.0", true)]
-                .iter()
-                .map(|(p, decode_step)| GemmChainLayout {
-                    producer: format!("{p}.fc1"),
-                    consumer: format!("{p}.fc2"),
-                    decode_step: *decode_step,
-                })
-                .collect(),
-            ..Default::default()
-        };
-        let all: HashSet<String> = layout
-            .gemm_chains
-            .iter()
-            .flat_map(|c| [c.producer.clone(), c.consumer.clone()])
-            .collect();
+        let (layout, all) = chains(&[("encoder.layers.0", false), ("decoder.layers.0", true)]);
         let default = parse(&[]).unwrap();
         assert_eq!(default.record("static_inputs")["decoder"], json!(false));
         assert_eq!(
