@@ -154,22 +154,17 @@ __device__ __forceinline__ float oasr_qmax(int dtype) {
 
 __device__ __forceinline__ float oasr_pow2i(int e) { return __uint_as_float((u32)(e + 127) << 23); }
 
+// exp and erf are branch-free (every path computed, the reference's result selected): a warp
+// never diverges on them, and the chains of the outputs a thread has in flight interleave.
 __device__ __forceinline__ float oasr_exp(float x) {
-    if (oasr_isnan(x)) {
-        return x;
-    }
-    if (x < -104.0f) {
-        x = -104.0f;
-    } else if (x > 89.0f) {
-        x = 89.0f;
-    }
+    const float xc = fminf(fmaxf(x, -104.0f), 89.0f);
     const float LOG2E = __uint_as_float(0x3FB8AA3Bu);
     const float LN2_HI = __uint_as_float(0x3F318000u);
     const float LN2_LO = __uint_as_float(0xB95E8083u);
     const float MAGIC = __uint_as_float(0x4B400000u);  // 1.5 * 2^23
-    const float t = __fmul_rn(x, LOG2E);
+    const float t = __fmul_rn(xc, LOG2E);
     const float nf = __fsub_rn(__fadd_rn(t, MAGIC), MAGIC);
-    const float r = __fsub_rn(__fsub_rn(x, __fmul_rn(nf, LN2_HI)), __fmul_rn(nf, LN2_LO));
+    const float r = __fsub_rn(__fsub_rn(xc, __fmul_rn(nf, LN2_HI)), __fmul_rn(nf, LN2_LO));
     const float z = __fmul_rn(r, r);
     float p = __uint_as_float(0x39506967u);
     p = __fadd_rn(__fmul_rn(p, r), __uint_as_float(0x3AB743CEu));
@@ -181,31 +176,39 @@ __device__ __forceinline__ float oasr_exp(float x) {
     const int n = (int)nf;
     const int n1 = n >> 1;  // arithmetic shift: floor
     const int n2 = n - n1;
-    return __fmul_rn(__fmul_rn(p, oasr_pow2i(n1)), oasr_pow2i(n2));
+    const float e = __fmul_rn(__fmul_rn(p, oasr_pow2i(n1)), oasr_pow2i(n2));
+    return oasr_isnan(x) ? x : e;
+}
+
+// 1 / d correctly rounded for 1 <= d <= 2^64: the hardware reciprocal and one fused Newton
+// step, which is __frcp_rn's own sequence on that range, without its branch to the slow path
+// for extreme exponents.
+__device__ __forceinline__ float oasr_rcp_rn_moderate(float d) {
+    float r;
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(d));
+    const float e = __fmaf_rn(d, r, -1.0f);
+    return __fmaf_rn(r, -e, r);
 }
 
 __device__ __forceinline__ float oasr_erf(float x) {
-    if (oasr_isnan(x)) {
-        return x;
-    }
     const u32 bits = __float_as_uint(x);
     const float a = __uint_as_float(bits & 0x7FFFFFFFu);
-    if (a < 0.5f) {
-        // Taylor series x * S(x^2), Horner from S6 down to S0.
-        const float z = __fmul_rn(x, x);
-        float s = __uint_as_float(0x38FCD193u);                       // S6
-        s = __fadd_rn(__fmul_rn(s, z), __uint_as_float(0xBA6016DAu));  // S5
-        s = __fadd_rn(__fmul_rn(s, z), __uint_as_float(0x3BAB2DE7u));  // S4
-        s = __fadd_rn(__fmul_rn(s, z), __uint_as_float(0xBCDC1672u));  // S3
-        s = __fadd_rn(__fmul_rn(s, z), __uint_as_float(0x3DE71791u));  // S2
-        s = __fadd_rn(__fmul_rn(s, z), __uint_as_float(0xBEC093A3u));  // S1
-        s = __fadd_rn(__fmul_rn(s, z), __uint_as_float(0x3F906EBBu));  // S0
-        return __fmul_rn(x, s);
-    }
-    // Abramowitz-Stegun 7.1.26.
+    // |x| < 0.5: the Taylor series x * S(x^2), Horner from S6 down to S0.
+    const float z = __fmul_rn(x, x);
+    float s = __uint_as_float(0x38FCD193u);                       // S6
+    s = __fadd_rn(__fmul_rn(s, z), __uint_as_float(0xBA6016DAu));  // S5
+    s = __fadd_rn(__fmul_rn(s, z), __uint_as_float(0x3BAB2DE7u));  // S4
+    s = __fadd_rn(__fmul_rn(s, z), __uint_as_float(0xBCDC1672u));  // S3
+    s = __fadd_rn(__fmul_rn(s, z), __uint_as_float(0x3DE71791u));  // S2
+    s = __fadd_rn(__fmul_rn(s, z), __uint_as_float(0xBEC093A3u));  // S1
+    s = __fadd_rn(__fmul_rn(s, z), __uint_as_float(0x3F906EBBu));  // S0
+    const float small = __fmul_rn(x, s);
+    // Otherwise Abramowitz-Stegun 7.1.26. t = 1 / (1 + P |x|), correctly rounded (the bits of
+    // the IEEE division). Clamping the divisor at 2^64 (|x| > 5.6e19) changes no result: there
+    // exp(-x^2) is below 1e-44, q * e rounds to 0 and erf is +-1 whatever t is.
     const float P = __uint_as_float(0x3EA7BA05u);
-    // 1 / x correctly rounded: __frcp_rn gives the bits of the IEEE division 1.0f / x, faster.
-    const float t = __frcp_rn(__fadd_rn(1.0f, __fmul_rn(P, a)));
+    const float d = fminf(__fadd_rn(1.0f, __fmul_rn(P, a)), __uint_as_float(0x5F800000u));
+    const float t = oasr_rcp_rn_moderate(d);
     float q = __uint_as_float(0x3F87DC22u);                       // a5
     q = __fadd_rn(__fmul_rn(q, t), __uint_as_float(0xBFBA00E3u));  // a4
     q = __fadd_rn(__fmul_rn(q, t), __uint_as_float(0x3FB5F0E3u));  // a3
@@ -214,7 +217,9 @@ __device__ __forceinline__ float oasr_erf(float x) {
     q = __fmul_rn(q, t);
     const float e = oasr_exp(-__fmul_rn(a, a));
     const float y = __fsub_rn(1.0f, __fmul_rn(q, e));
-    return __uint_as_float((__float_as_uint(y) & 0x7FFFFFFFu) | (bits & 0x80000000u));
+    const float large = __uint_as_float((__float_as_uint(y) & 0x7FFFFFFFu) | (bits & 0x80000000u));
+    const float r = a < 0.5f ? small : large;
+    return oasr_isnan(x) ? x : r;
 }
 
 __device__ __forceinline__ float oasr_activate(int act, float v) {

@@ -27,12 +27,12 @@
 //
 // - int8: wgmma m64nNk32 .s32.s8.s8, exact int32 accumulation over the whole K; the first
 //   wgmma of a tile starts from zero (scale-d = 0). Bit-exact with the CPU reference.
-// - e4m3: wgmma m64nNk32 .f32.e4m3.e4m3 into a temporary accumulator per group of
-//   OASR_WGMMA_FP8_PROMOTE 128-byte K slices (default 1: every 128 elements of K), added into an
-//   f32 master accumulator with __fadd_rn once the group is complete, groups in ascending K
-//   order (Hopper's fp8 wgmma keeps fewer accumulator bits than f32; promoting bounds what it
-//   can lose). Every output element is the same chain for every M and every tile
-//   configuration, so the result is batch-invariant.
+// - e4m3: wgmma m64nNk32 .f32.e4m3.e4m3 into a temporary accumulator per 128-byte K slice,
+//   added into an f32 master accumulator with __fadd_rn once the slice is complete, slices in
+//   ascending K order (Hopper's fp8 wgmma keeps fewer accumulator bits than f32; promoting
+//   bounds what it can lose); two temporaries alternate where registers allow, so one slice's
+//   wgmmas run while the previous one is promoted. Every output element is the same chain for
+//   every M and every tile configuration, so the result is batch-invariant.
 //
 // Epilogue: per consumer warp, EC columns at a time, the accumulators (int8: converted to f32
 // once, nearest-even) go to a per-warp shared scratch (outside the ring, which the producer is
@@ -41,7 +41,7 @@
 // branches in the scaled_mm path (same bits). See docs/cuda.md for why its code size matters.
 //
 // Experiment knobs (NVRTC options through OASR_NVRTC_OPTIONS, part of the module cache key):
-// -DOASR_WGMMA_GROUP_M=n, -DOASR_WGMMA_FP8_PROMOTE=n, -DOASR_WGMMA_EXPERIMENT_NO_EPILOGUE (times
+// -DOASR_WGMMA_GROUP_M=n, -DOASR_WGMMA_EXPERIMENT_NO_EPILOGUE (times
 // the main loop alone; its results are wrong by design).
 
 struct __align__(64) OasrTmap {
@@ -317,16 +317,23 @@ __device__ __forceinline__ void oasr_tile_coords(int t, int tiles_m, int tiles_n
     tn = (t % in_group) / group_m;
 }
 
-// The per-column operands of the lane's two columns in epilogue pass c (zeros past N).
-template <int EC>
-__device__ __forceinline__ OasrColumns oasr_pass_columns(const GemmParams& p, int col0, int c,
-                                                        int lane) {
-    const int col = col0 + c * EC + (lane % (EC / 2)) * 2;
-    OasrColumns cols = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+// The per-column operands of a tile (weight_scale, bias, and the consumer multipliers of
+// scaled_mm_quant; zeros where absent or past N) are staged in shared memory once per tile, as
+// [3][BN] floats: each consumer thread loads at most one column before the main loop, so the
+// latency hides behind it, and stores it after; the epilogue then reads each pass's columns
+// from shared memory instead of waiting on global loads pass after pass.
+struct OasrTileColumn {
+    float ws, b, q;
+};
+
+__device__ __forceinline__ OasrTileColumn oasr_tile_column(const GemmParams& p, int col) {
+    OasrTileColumn c = {0.0f, 0.0f, 0.0f};
     if (col < p.n) {
-        cols = oasr_columns(p.epi, col);
+        c.ws = p.epi.weight_scale[col];
+        c.b = p.epi.bias != 0 ? p.epi.bias[col] : 0.0f;
+        c.q = p.epi.quant_mult != 0 ? p.epi.quant_mult[col] : 0.0f;
     }
-    return cols;
+    return c;
 }
 
 // epilogue_value (common.cuh) with the bias selected rather than branched on: the same
@@ -341,35 +348,59 @@ __device__ __forceinline__ float oasr_value_sel(float acc, float weight_scale, f
     return oasr_activate(ACT, v);
 }
 
-// The epilogue of one consumer warp for activation ACT: rows row_base .. row_base + 15 of the
-// output, columns col0 .. col0 + BN - 1, in BN / EC passes of EC columns. `acc` is in the wgmma
-// D layout (register 4j + e: row lane / 4 + 8 * (e / 2), column 8j + 2 * (lane % 4) + e % 2);
-// slab_scale is the a_scale of row (lane % 16); `cols` holds pass 0's column operands (loaded
-// before the main loop), and each pass loads the next one's while it stores.
+// Two outputs rounded to f16 / bf16 with one packed conversion (lo in the low half): the
+// nearest-even rounding of round_to_out for every value but NaN, which the caller fixes.
+template <int OUT>
+__device__ __forceinline__ u32 oasr_pack_rounded(float lo, float hi) {
+    u32 bits;
+    if constexpr (OUT == OASR_OUT_F16) {
+        asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(bits) : "f"(hi), "f"(lo));
+    } else {
+        asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(bits) : "f"(hi), "f"(lo));
+    }
+    return bits;
+}
+
+// The epilogue output kinds: OASR_OUT_F16 and OASR_OUT_BF16 (scaled_mm), or the 8-bit codes
+// of scaled_mm_quant.
+#define OASR_EPI_QUANT 2
+
+// The epilogue of one consumer warp for activation ACT and output kind OUT: rows row_base ..
+// row_base + 15 of the output, columns col0 .. col0 + BN - 1, in BN / EC passes of EC columns.
+// `acc` is in the wgmma D layout (register 4j + e: row lane / 4 + 8 * (e / 2), column
+// 8j + 2 * (lane % 4) + e % 2); a pass copies its columns to the warp's scratch (int8:
+// converted to f32 once, nearest-even), then each lane finishes four neighbouring columns of
+// a row at a time (one 16-byte scratch read, one 8-byte or 4-byte store). slab_scale is the
+// a_scale of row (lane % 16); `cols` holds pass 0's column operands (loaded before the main
+// loop), and each pass loads the next one's while it stores.
 //
-// Code size matters here more than anywhere: the pass loop is not unrolled (only the copy of
-// the pass's accumulators to the scratch is selected per pass, with constant register indices),
-// and ACT is a template parameter, so that a tile runs through one compact copy of the
-// epilogue instead of straight-line code for every pass and every activation (which, at
-// hundreds of kilobytes per kernel, missed the instruction cache on every tile).
-template <int ACT, int BN, int EC, int U, typename Acc>
+// Code size and instruction count matter here more than anywhere. The pass loop is not
+// unrolled (only the copy of the pass's accumulators to the scratch is selected per pass, with
+// constant register indices), and ACT and OUT are template parameters dispatched once per
+// tile, so that a tile runs through one compact copy of the epilogue (straight-line code for
+// every pass, at hundreds of kilobytes per kernel, missed the instruction cache on every tile).
+// The f16 / bf16 path rounds two outputs per packed conversion and leaves NaN (whose canonical
+// bits the hardware conversion does not promise) to a warp-uniform slow path.
+template <int ACT, int OUT, int BN, int EC, typename Acc>
 __device__ __forceinline__ void oasr_wgmma_epilogue_act(const GemmParams& p,
                                                         const Acc (&acc)[BN / 2],
-                                                        OasrColumns cols, float* scratch,
+                                                        const float* tcols, float* scratch,
                                                         int row_base, int col0, int lane,
                                                         float slab_scale) {
-    constexpr int SROW = EC + 8;    // floats per scratch row (conflict-free 8-byte accesses)
-    constexpr int LPR = EC / 2;     // lanes per output row
+    constexpr int SROW = EC + 8;    // floats per scratch row (conflict-free accesses)
+    constexpr int LPR = EC / 4;     // lanes per output row
     constexpr int RPI = 32 / LPR;   // rows per iteration
     constexpr int ROWS = 16 / RPI;  // rows per lane
     constexpr int NC = BN / EC;     // passes
-    static_assert(ROWS % U == 0, "rows per lane must be a multiple of U");
-    // Rows in flight in the scaled_mm path: all of the lane's rows for the short activations,
-    // U for swish and GELU (long chains, many registers each).
-    constexpr int FU = (ACT == OASR_ACT_NONE || ACT == OASR_ACT_RELU) ? ROWS : U;
+    // Rows in flight: all of the lane's rows for the short activations, half of them for
+    // swish and GELU (long chains, many registers each).
+    constexpr bool LIGHT = ACT == OASR_ACT_NONE || ACT == OASR_ACT_RELU;
+    constexpr int FU = LIGHT || ROWS == 1 ? ROWS : ROWS / 2;
+    static_assert(ROWS % FU == 0, "rows per lane must be a multiple of FU");
     const int g = lane >> 2;
     const int tq = lane & 3;
-    const int lane_col = (lane % LPR) * 2;
+    const int lrow = lane / LPR;
+    const int lane_col = (lane % LPR) * 4;
 #ifdef OASR_WGMMA_EXPERIMENT_NO_EPILOGUE
     // Timing experiment only (never in a real build): the main loop without the epilogue.
     if (p.m > 0) {
@@ -380,17 +411,19 @@ __device__ __forceinline__ void oasr_wgmma_epilogue_act(const GemmParams& p,
     float row_scale[ROWS];
 #pragma unroll
     for (int i = 0; i < ROWS; ++i) {
-        row_scale[i] = __shfl_sync(0xFFFFFFFFu, slab_scale, lane / LPR + i * RPI);
+        row_scale[i] = __shfl_sync(0xFFFFFFFFu, slab_scale, lrow + i * RPI);
     }
+    const bool has_bias = p.epi.bias != 0;
+    // Output elements per lane step: RPI rows down.
+    const i64 step = (i64)RPI * p.n;
 #pragma unroll 1
     for (int c = 0; c < NC; ++c) {
         if (col0 + c * EC >= p.n) {
             break;  // warp-uniform: the rest of the tile is past N
         }
-        const OasrColumns cur = cols;
-        if (c + 1 < NC) {
-            cols = oasr_pass_columns<EC>(p, col0, c + 1, lane);
-        }
+        // The lane's four columns of the pass: weight_scale, bias, consumer multipliers.
+        const float4 cws = *reinterpret_cast<const float4*>(tcols + c * EC + lane_col);
+        const float4 cb = *reinterpret_cast<const float4*>(tcols + BN + c * EC + lane_col);
 #pragma unroll
         for (int cc = 0; cc < NC; ++cc) {
             if (cc == c) {
@@ -410,56 +443,71 @@ __device__ __forceinline__ void oasr_wgmma_epilogue_act(const GemmParams& p,
         __syncwarp();
         const int col = col0 + c * EC + lane_col;
         const bool col_ok = col < p.n;
-        if (p.epi.quant_mult == 0) {
-            // scaled_mm: no branch per output (the output dtype and the bias are the same for
-            // the whole call: selects), so that the rows' chains interleave; the lane's rows
-            // are the same in every pass, so are their a_scales (row_scale); one pointer per
-            // lane steps RPI rows at a time.
-            const bool f16 = p.epi.out_dtype == OASR_OUT_F16;
-            const bool has_bias = p.epi.bias != 0;
-            const i64 step = (i64)RPI * p.n;
-            u16* q = static_cast<u16*>(p.epi.out) + (i64)(row_base + lane / LPR) * p.n + col;
-            int row = row_base + lane / LPR;
+        // The lane's first output of the pass; each of its rows is `step` elements further.
+        const i64 first = (i64)(row_base + lrow) * p.n + col;
+        u8* const out8 = static_cast<u8*>(p.epi.out) + first;
+        u16* const out16 = static_cast<u16*>(p.epi.out) + first;
+        const int row = row_base + lrow;
 #pragma unroll(FU == ROWS ? 1 : ROWS / FU)
-            for (int it = 0; it < ROWS; it += FU) {
-                float2 v[FU];
+        for (int it = 0; it < ROWS; it += FU) {
+            float4 v[FU];
 #pragma unroll
-                for (int u = 0; u < FU; ++u) {
-                    const int r = lane / LPR + (it + u) * RPI;
-                    v[u] = *reinterpret_cast<const float2*>(scratch + r * SROW + lane_col);
-                }
-#pragma unroll
-                for (int u = 0; u < FU; ++u) {
-                    const float as = row_scale[it + u];
-                    const float v0 = oasr_value_sel<ACT>(v[u].x, cur.ws0, as, has_bias, cur.b0);
-                    const float v1 = oasr_value_sel<ACT>(v[u].y, cur.ws1, as, has_bias, cur.b1);
-                    const u32 bits = (u32)oasr_round_to_out_sel(f16, v0) |
-                                     ((u32)oasr_round_to_out_sel(f16, v1) << 16);
-                    if (row < p.m && col_ok) {
-                        *reinterpret_cast<u32*>(q) = bits;
-                    }
-                    q += step;
-                    row += RPI;
-                }
+            for (int u = 0; u < FU; ++u) {
+                v[u] = *reinterpret_cast<const float4*>(scratch + (lrow + (it + u) * RPI) * SROW +
+                                                        lane_col);
             }
-        } else {
-            // scaled_mm_quant: the shared pair function.
-#pragma unroll 1
-            for (int it = 0; it < ROWS; it += U) {
-                float2 v[U];
-                float a_scale[U];
+            float y[FU][4];
 #pragma unroll
-                for (int u = 0; u < U; ++u) {
-                    const int r = lane / LPR + (it + u) * RPI;
-                    v[u] = *reinterpret_cast<const float2*>(scratch + r * SROW + lane_col);
-                    a_scale[u] = __shfl_sync(0xFFFFFFFFu, slab_scale, r);
+            for (int u = 0; u < FU; ++u) {
+                const float as = row_scale[it + u];
+                y[u][0] = oasr_value_sel<ACT>(v[u].x, cws.x, as, has_bias, cb.x);
+                y[u][1] = oasr_value_sel<ACT>(v[u].y, cws.y, as, has_bias, cb.y);
+                y[u][2] = oasr_value_sel<ACT>(v[u].z, cws.z, as, has_bias, cb.z);
+                y[u][3] = oasr_value_sel<ACT>(v[u].w, cws.w, as, has_bias, cb.w);
+            }
+            if constexpr (OUT == OASR_EPI_QUANT) {
+                // scaled_mm_quant: quantize_static on the rounded output,
+                // widen(round(v)) * mult, then encode; four codes in one 4-byte store.
+                const float4 cq4 = *reinterpret_cast<const float4*>(tcols + 2 * BN + c * EC +
+                                                                    lane_col);
+                const float cq[4] = {cq4.x, cq4.y, cq4.z, cq4.w};
+#pragma unroll
+                for (int u = 0; u < FU; ++u) {
+                    u32 codes = 0;
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) {
+                        const u16 h = oasr_round_to_out(p.epi.out_dtype, y[u][i]);
+                        const float yq = __fmul_rn(oasr_widen(p.epi.out_dtype, h), cq[i]);
+                        codes |= (u32)oasr_encode(p.epi.quant_dtype, yq) << (8 * i);
+                    }
+                    if (row + (it + u) * RPI < p.m && col_ok) {
+                        *reinterpret_cast<u32*>(out8 + (it + u) * step) = codes;
+                    }
+                }
+            } else {
+                uint2 bits[FU];
+                bool nan = false;
+#pragma unroll
+                for (int u = 0; u < FU; ++u) {
+                    bits[u].x = oasr_pack_rounded<OUT>(y[u][0], y[u][1]);
+                    bits[u].y = oasr_pack_rounded<OUT>(y[u][2], y[u][3]);
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) nan |= oasr_isnan(y[u][i]);
+                }
+                if (__any_sync(0xFFFFFFFFu, nan)) {
+                    // Rare: some lane has a NaN. round_to_out of every value, as the reference.
+#pragma unroll
+                    for (int u = 0; u < FU; ++u) {
+                        bits[u].x = (u32)oasr_round_to_out(OUT, y[u][0]) |
+                                    ((u32)oasr_round_to_out(OUT, y[u][1]) << 16);
+                        bits[u].y = (u32)oasr_round_to_out(OUT, y[u][2]) |
+                                    ((u32)oasr_round_to_out(OUT, y[u][3]) << 16);
+                    }
                 }
 #pragma unroll
-                for (int u = 0; u < U; ++u) {
-                    const int row = row_base + lane / LPR + (it + u) * RPI;
-                    if (row < p.m && col_ok) {
-                        oasr_store_pair_act(p.epi, cur, p.n, row, col, v[u].x, v[u].y,
-                                            a_scale[u], ACT);
+                for (int u = 0; u < FU; ++u) {
+                    if (row + (it + u) * RPI < p.m && col_ok) {
+                        *reinterpret_cast<uint2*>(out16 + (it + u) * step) = bits[u];
                     }
                 }
             }
@@ -468,29 +516,45 @@ __device__ __forceinline__ void oasr_wgmma_epilogue_act(const GemmParams& p,
     }
 }
 
-// The epilogue with the activation of the call, dispatched once per tile.
-template <int BN, int EC, int U, typename Acc>
-__device__ __forceinline__ void oasr_wgmma_epilogue(const GemmParams& p, const Acc (&acc)[BN / 2],
-                                                    OasrColumns cols, float* scratch,
-                                                    int row_base, int col0, int lane,
-                                                    float slab_scale) {
+// The epilogue with the activation and output kind of the call, dispatched once per tile.
+template <int OUT, int BN, int EC, typename Acc>
+__device__ __forceinline__ void oasr_wgmma_epilogue_out(const GemmParams& p,
+                                                        const Acc (&acc)[BN / 2],
+                                                        const float* cols, float* scratch, int row_base, int col0,
+                                                        int lane, float slab_scale) {
     switch (p.epi.activation) {
         case OASR_ACT_RELU:
-            oasr_wgmma_epilogue_act<OASR_ACT_RELU, BN, EC, U>(p, acc, cols, scratch, row_base,
-                                                              col0, lane, slab_scale);
+            oasr_wgmma_epilogue_act<OASR_ACT_RELU, OUT, BN, EC>(p, acc, cols, scratch, row_base,
+                                                                col0, lane, slab_scale);
             break;
         case OASR_ACT_SWISH:
-            oasr_wgmma_epilogue_act<OASR_ACT_SWISH, BN, EC, U>(p, acc, cols, scratch, row_base,
-                                                               col0, lane, slab_scale);
+            oasr_wgmma_epilogue_act<OASR_ACT_SWISH, OUT, BN, EC>(p, acc, cols, scratch, row_base,
+                                                                 col0, lane, slab_scale);
             break;
         case OASR_ACT_GELU:
-            oasr_wgmma_epilogue_act<OASR_ACT_GELU, BN, EC, U>(p, acc, cols, scratch, row_base,
-                                                              col0, lane, slab_scale);
+            oasr_wgmma_epilogue_act<OASR_ACT_GELU, OUT, BN, EC>(p, acc, cols, scratch, row_base,
+                                                                col0, lane, slab_scale);
             break;
         default:
-            oasr_wgmma_epilogue_act<OASR_ACT_NONE, BN, EC, U>(p, acc, cols, scratch, row_base,
-                                                              col0, lane, slab_scale);
+            oasr_wgmma_epilogue_act<OASR_ACT_NONE, OUT, BN, EC>(p, acc, cols, scratch, row_base,
+                                                                col0, lane, slab_scale);
             break;
+    }
+}
+
+template <int BN, int EC, typename Acc>
+__device__ __forceinline__ void oasr_wgmma_epilogue(const GemmParams& p, const Acc (&acc)[BN / 2],
+                                                    const float* cols, float* scratch, int row_base,
+                                                    int col0, int lane, float slab_scale) {
+    if (p.epi.quant_mult != 0) {
+        oasr_wgmma_epilogue_out<OASR_EPI_QUANT, BN, EC>(p, acc, cols, scratch, row_base, col0,
+                                                        lane, slab_scale);
+    } else if (p.epi.out_dtype == OASR_OUT_F16) {
+        oasr_wgmma_epilogue_out<OASR_OUT_F16, BN, EC>(p, acc, cols, scratch, row_base, col0,
+                                                      lane, slab_scale);
+    } else {
+        oasr_wgmma_epilogue_out<OASR_OUT_BF16, BN, EC>(p, acc, cols, scratch, row_base, col0,
+                                                       lane, slab_scale);
     }
 }
 
@@ -503,11 +567,11 @@ __device__ __forceinline__ void oasr_setmaxnreg_dec() {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
 }
 
-// fp8: 128-byte K slices per promotion into the f32 master accumulator (1: every 128 elements
-// of K; 2 and 4 measured no faster on an H200).
-#ifndef OASR_WGMMA_FP8_PROMOTE
-#define OASR_WGMMA_FP8_PROMOTE 1
-#endif
+// Registers a consumer thread may hold: 232 after setmaxnreg with two consumer warpgroups; with
+// one, the __maxnreg__ cap under which MINB CTAs of 5 warps fit on the busiest sub-partition.
+__host__ __device__ constexpr int oasr_wgmma_consumer_regs(int bm, int minb) {
+    return bm == 128 ? 232 : (512 / ((5 * minb + 3) / 4)) / 8 * 8;
+}
 
 template <bool FP8, int BM, int BN, int STAGES, int EC, int MINB>
 __device__ __forceinline__ void oasr_wgmma_gemm(const GemmParams& p, const OasrTmap& ta,
@@ -518,8 +582,13 @@ __device__ __forceinline__ void oasr_wgmma_gemm(const GemmParams& p, const OasrT
     constexpr u32 B_STAGE = BN * BK;
     constexpr int SROW = EC + 8;
     constexpr u32 SCRATCH = CW * 4 * 16 * SROW * 4;
+    constexpr u32 COLS = 2 * 3 * BN * 4;
+    constexpr int CT = CW * 128;  // consumer threads
+    static_assert(BN <= CT, "one column operand per consumer thread");
     constexpr int R = BN / 2;  // accumulator registers per thread
-    constexpr int EPI_U = 4;               // independent epilogue rows per lane
+    // fp8 pipelines its promotions with two temporaries where they fit beside the master
+    // accumulator (the 128 x 128 tile; not under the caps of several CTAs per SM).
+    constexpr bool FP8_TWO_TEMPS = 3 * R + 40 <= oasr_wgmma_consumer_regs(BM, MINB);
     static_assert(BM == 64 || BM == 128, "BM must be 64 or 128");
     static_assert(BM == 64 || MINB == 1, "two consumer warpgroups need the whole SM");
     static_assert(BN % EC == 0 && (EC == 16 || EC == 32), "EC must be 16 or 32 and divide BN");
@@ -530,8 +599,10 @@ __device__ __forceinline__ void oasr_wgmma_gemm(const GemmParams& p, const OasrT
     const u32 sa = base;
     const u32 sb = sa + STAGES * A_STAGE;
     const u32 sscratch = sb + STAGES * B_STAGE;
-    const u32 bars = sscratch + SCRATCH;  // full[STAGES], then empty[STAGES]
+    const u32 scols = sscratch + SCRATCH;  // the tiles' column operands: [2][3][BN] floats
+    const u32 bars = scols + COLS;         // full[STAGES], then empty[STAGES]
     float* scratch_all = reinterpret_cast<float*>(oasr_wsmem + (sscratch - raw));
+    float* cols_all = reinterpret_cast<float*>(oasr_wsmem + (scols - raw));
 
     const int tid = threadIdx.x;
     const int warp = tid >> 5;
@@ -541,10 +612,6 @@ __device__ __forceinline__ void oasr_wgmma_gemm(const GemmParams& p, const OasrT
     const int tiles_n = (n + BN - 1) / BN;
     const int tiles = tiles_m * tiles_n;
     const int ktiles = (k + BK - 1) / BK;
-    // fp8: K slices per promotion group, and the slices padded in front of the first group.
-    constexpr int PR = FP8 ? OASR_WGMMA_FP8_PROMOTE : 1;
-    const int kslices = (ktiles + PR - 1) / PR * PR;
-    const int kpad = kslices - ktiles;
 
     if (tid == 0) {
 #pragma unroll
@@ -570,8 +637,8 @@ __device__ __forceinline__ void oasr_wgmma_gemm(const GemmParams& p, const OasrT
             for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
                 int tm, tn;
                 oasr_tile_coords(t, tiles_m, tiles_n, tm, tn);
-                for (int kt = 0; kt < kslices; ++kt) {
-                    const int kk = max(kt - kpad, 0) * BK;
+                for (int kt = 0; kt < ktiles; ++kt) {
+                    const int kk = kt * BK;
                     oasr_mbar_wait(bars + 8 * (STAGES + s), phase ^ 1u);
                     oasr_mbar_expect_tx(bars + 8 * s, A_STAGE + B_STAGE);
                     oasr_tma_load_2d(sa + s * A_STAGE, &ta, kk, tm * BM, bars + 8 * s);
@@ -594,18 +661,34 @@ __device__ __forceinline__ void oasr_wgmma_gemm(const GemmParams& p, const OasrT
         const u32 a_off = cw * 64 * BK;
         int s = 0;
         u32 phase = 0;
+        int tile_parity = 0;
         for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
             int tm, tn;
             oasr_tile_coords(t, tiles_m, tiles_n, tm, tn);
             const int row_base = tm * BM + cw * 64 + wq * 16;
             const int col0 = tn * BN;
             // Epilogue operands, loaded now so that their latency hides behind the main loop:
-            // the a_scale of row (lane % 16) of this warp's 16 rows, the first pass's columns.
+            // the a_scale of row (lane % 16) of this warp's 16 rows, and column col0 + tid.
             const int srow = row_base + (lane & 15);
             const float slab_scale = p.epi.a_scale == 0 ? p.epi.a_scale_value
                                      : srow < m         ? p.epi.a_scale[srow]
                                                         : 0.0f;
-            const OasrColumns cols0 = oasr_pass_columns<EC>(p, col0, 0, lane);
+            const OasrTileColumn column = oasr_tile_column(p, tid < BN ? col0 + tid : n);
+            // After the main loop: publish the tile's column operands to every consumer warp.
+            // Tiles alternate between two buffers; the barrier of tile t (all consumer threads)
+            // comes after everyone's epilogue of tile t - 1, so the buffer written for tile
+            // t + 1 is no longer read.
+            auto publish_columns = [&]() {
+                float* tcols = cols_all + (tile_parity & 1) * 3 * BN;
+                if (tid < BN) {
+                    tcols[tid] = column.ws;
+                    tcols[BN + tid] = column.b;
+                    tcols[2 * BN + tid] = column.q;
+                }
+                asm volatile("bar.sync 1, %0;\n" ::"n"(CT) : "memory");
+                ++tile_parity;
+                return tcols;
+            };
             if constexpr (!FP8) {
                 i32 acc[R];
 #pragma unroll
@@ -632,50 +715,75 @@ __device__ __forceinline__ void oasr_wgmma_gemm(const GemmParams& p, const OasrT
                 if (lane == 0) {
                     oasr_mbar_arrive(bars + 8 * (STAGES + prev));
                 }
-                oasr_wgmma_epilogue<BN, EC, EPI_U>(p, acc, cols0, scratch, row_base, col0, lane,
-                                                   slab_scale);
+                oasr_wgmma_epilogue<BN, EC>(p, acc, publish_columns(), scratch, row_base, col0,
+                                            lane, slab_scale);
             } else {
-                // Groups of PR consecutive 128-byte K slices go into a temporary accumulator
-                // (the group's first wgmma with scale-d = 0), which is added into the master
-                // accumulator once the group's wgmmas are complete: groups in ascending K
-                // order, one __fadd_rn per group and element. No wgmma of this warpgroup is in
-                // flight during the addition (ptxas serializes wgmmas whose accumulators are
-                // read while others run); the other consumer warpgroup, or another CTA on the
-                // SM, keeps the tensor cores busy meanwhile. A K that is not a whole number of
-                // groups is padded at the front with copies of slice 0 that the first real
-                // slice overwrites (scale-d = 0), so the loop has no branch around a wgmma.
-                float master[R], t[R];
+                // Each 128-byte K slice goes into a temporary accumulator (its first wgmma
+                // with scale-d = 0), which is added into the master accumulator once the
+                // slice's wgmmas are complete: slices in ascending K order, one __fadd_rn per
+                // slice and element. With two temporaries (where the registers allow) slice
+                // i + 1's wgmmas run while slice i is promoted, so the tensor cores never wait
+                // for the additions. ptxas serializes every wgmma if a non-wgmma instruction
+                // writes the accumulator of one in flight, so only a completed temporary is
+                // ever fenced or read.
+                float master[R];
 #pragma unroll
-                for (int i = 0; i < R; ++i) {
-                    master[i] = 0.0f;
-                    t[i] = 0.0f;
-                }
-                for (int i = 0; i < kslices; i += PR) {
-                    int slots[PR];
-#pragma unroll
-                    for (int j = 0; j < PR; ++j) {
-                        oasr_mbar_wait(bars + 8 * s, phase);
-                        oasr_fence_regs(t);
-                        oasr_wgmma_slice<BN>(t, sa + s * A_STAGE + a_off, sb + s * B_STAGE,
-                                             j != 0 && i + j > kpad);
-                        slots[j] = s;
-                        if (++s == STAGES) {
-                            s = 0;
-                            phase ^= 1u;
-                        }
+                for (int i = 0; i < R; ++i) master[i] = 0.0f;
+                float ta[R];
+                auto issue = [&](float (&t)[R]) {
+                    oasr_mbar_wait(bars + 8 * s, phase);
+                    oasr_fence_regs(t);
+                    oasr_wgmma_slice<BN>(t, sa + s * A_STAGE + a_off, sb + s * B_STAGE, false);
+                    const int slot = s;
+                    if (++s == STAGES) {
+                        s = 0;
+                        phase ^= 1u;
                     }
-                    oasr_wgmma_wait<0>();
+                    return slot;
+                };
+                // After the wait that completed `t`'s slice: release its slot, promote it.
+                auto promote = [&](float (&t)[R], int slot) {
                     oasr_fence_regs(t);
                     if (lane == 0) {
-#pragma unroll
-                        for (int j = 0; j < PR; ++j) {
-                            oasr_mbar_arrive(bars + 8 * (STAGES + slots[j]));
-                        }
+                        oasr_mbar_arrive(bars + 8 * (STAGES + slot));
                     }
 #pragma unroll
                     for (int e = 0; e < R; ++e) master[e] = __fadd_rn(master[e], t[e]);
+                };
+                int slot_a = issue(ta);
+                if constexpr (FP8_TWO_TEMPS) {
+                    float tb[R];
+                    int kt = 1;
+                    for (; kt + 1 < ktiles; kt += 2) {
+                        const int slot_b = issue(tb);
+                        oasr_wgmma_wait<1>();
+                        promote(ta, slot_a);
+                        slot_a = issue(ta);
+                        oasr_wgmma_wait<1>();
+                        promote(tb, slot_b);
+                    }
+                    if (kt < ktiles) {
+                        const int slot_b = issue(tb);
+                        oasr_wgmma_wait<1>();
+                        promote(ta, slot_a);
+                        oasr_wgmma_wait<0>();
+                        promote(tb, slot_b);
+                    } else {
+                        oasr_wgmma_wait<0>();
+                        promote(ta, slot_a);
+                    }
+                } else {
+                    // One temporary: the other consumer warpgroup, or another CTA on the SM,
+                    // keeps the tensor cores busy during the addition.
+                    for (int kt = 1; kt < ktiles; ++kt) {
+                        oasr_wgmma_wait<0>();
+                        promote(ta, slot_a);
+                        slot_a = issue(ta);
+                    }
+                    oasr_wgmma_wait<0>();
+                    promote(ta, slot_a);
                 }
-                oasr_wgmma_epilogue<BN, EC, EPI_U>(p, master, cols0, scratch, row_base, col0,
+                oasr_wgmma_epilogue<BN, EC>(p, master, publish_columns(), scratch, row_base, col0,
                                                    lane, slab_scale);
             }
         }
@@ -701,7 +809,7 @@ __device__ __forceinline__ void oasr_wgmma_gemm(const GemmParams& p, const OasrT
 // BM = 64: one consumer warpgroup and one producer warp (160 threads), capped with __maxnreg__
 // so that MINB CTAs fit on the busiest sub-partition.
 #define OASR_WGMMA_ATTR_128(MINB) __launch_bounds__(384, MINB)
-#define OASR_WGMMA_ATTR_64(MINB) __maxnreg__((512 / ((5 * (MINB) + 3) / 4)) / 8 * 8)
+#define OASR_WGMMA_ATTR_64(MINB) __maxnreg__(oasr_wgmma_consumer_regs(64, MINB))
 #define OASR_WGMMA_KERNEL(D, FP8, BM, BN, ST, EC, MINB)                                        \
     extern "C" __global__ void OASR_WGMMA_ATTR_##BM(MINB)                                     \
         oasr_scaled_mm_wgmma_##D##_##BM##x##BN##_s##ST##_e##EC(                              \
