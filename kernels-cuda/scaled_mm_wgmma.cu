@@ -162,6 +162,33 @@ __device__ __forceinline__ void oasr_wgmma_s8_n128(i32 (&d)[64], u64 da, u64 db,
         : "l"(da), "l"(db), "r"(scale_d));
 }
 
+__device__ __forceinline__ void oasr_wgmma_s8_n192(i32 (&d)[96], u64 da, u64 db,
+                                        int scale_d) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %98, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n192k32.s32.s8.s8 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+        "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+        "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95"
+        "}, %96, %97, p;\n}\n"
+        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]),
+          "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15]),
+          "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]), "+r"(d[21]), "+r"(d[22]), "+r"(d[23]),
+          "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]), "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31]),
+          "+r"(d[32]), "+r"(d[33]), "+r"(d[34]), "+r"(d[35]), "+r"(d[36]), "+r"(d[37]), "+r"(d[38]), "+r"(d[39]),
+          "+r"(d[40]), "+r"(d[41]), "+r"(d[42]), "+r"(d[43]), "+r"(d[44]), "+r"(d[45]), "+r"(d[46]), "+r"(d[47]),
+          "+r"(d[48]), "+r"(d[49]), "+r"(d[50]), "+r"(d[51]), "+r"(d[52]), "+r"(d[53]), "+r"(d[54]), "+r"(d[55]),
+          "+r"(d[56]), "+r"(d[57]), "+r"(d[58]), "+r"(d[59]), "+r"(d[60]), "+r"(d[61]), "+r"(d[62]), "+r"(d[63]),
+          "+r"(d[64]), "+r"(d[65]), "+r"(d[66]), "+r"(d[67]), "+r"(d[68]), "+r"(d[69]), "+r"(d[70]), "+r"(d[71]),
+          "+r"(d[72]), "+r"(d[73]), "+r"(d[74]), "+r"(d[75]), "+r"(d[76]), "+r"(d[77]), "+r"(d[78]), "+r"(d[79]),
+          "+r"(d[80]), "+r"(d[81]), "+r"(d[82]), "+r"(d[83]), "+r"(d[84]), "+r"(d[85]), "+r"(d[86]), "+r"(d[87]),
+          "+r"(d[88]), "+r"(d[89]), "+r"(d[90]), "+r"(d[91]), "+r"(d[92]), "+r"(d[93]), "+r"(d[94]), "+r"(d[95])
+        : "l"(da), "l"(db), "r"(scale_d));
+}
+
 __device__ __forceinline__ void oasr_wgmma_s8_n256(i32 (&d)[128], u64 da, u64 db,
                                         int scale_d) {
     asm volatile(
@@ -270,8 +297,10 @@ __device__ __forceinline__ void oasr_wgmma_mma(i32 (&d)[BN / 2], u64 da, u64 db,
         oasr_wgmma_s8_n64(d, da, db, scale_d);
     } else if constexpr (BN == 128) {
         oasr_wgmma_s8_n128(d, da, db, scale_d);
+    } else if constexpr (BN == 192) {
+        oasr_wgmma_s8_n192(d, da, db, scale_d);
     } else {
-        static_assert(BN == 256, "BN must be 64, 128 or 256");
+        static_assert(BN == 256, "BN must be 64, 128, 192 or 256");
         oasr_wgmma_s8_n256(d, da, db, scale_d);
     }
 }
@@ -821,6 +850,7 @@ __device__ __forceinline__ void oasr_wgmma_gemm(const GemmParams& p, const OasrT
 #define OASR_WGMMA_E4M3(BM, BN, ST, EC, MINB) OASR_WGMMA_KERNEL(e4m3, true, BM, BN, ST, EC, MINB)
 
 OASR_WGMMA_I8(128, 256, 4, 32, 1)
+OASR_WGMMA_I8(128, 192, 4, 32, 1)
 OASR_WGMMA_I8(128, 128, 6, 32, 1)
 OASR_WGMMA_I8(64, 128, 4, 32, 2)
 OASR_WGMMA_I8(64, 64, 4, 16, 3)
