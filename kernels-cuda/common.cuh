@@ -254,6 +254,31 @@ __device__ __forceinline__ float oasr_epilogue_value(float acc, float weight_sca
     return oasr_activate(act, v);
 }
 
+// epilogue_value with the bias selected rather than branched on: the same
+// operations in the same order (no bias: no addition), so the same bits.
+template <int ACT>
+__device__ __forceinline__ float oasr_value_sel(float acc, float weight_scale, float a_scale,
+                                                bool has_bias, float bias) {
+    float v = __fmul_rn(weight_scale, acc);
+    v = __fmul_rn(a_scale, v);
+    const float vb = __fadd_rn(v, bias);
+    v = has_bias ? vb : v;
+    return oasr_activate(ACT, v);
+}
+
+// Two outputs rounded to f16 / bf16 with one packed conversion (lo in the low half): the
+// nearest-even rounding of round_to_out for every value but NaN, which the caller fixes.
+template <int OUT>
+__device__ __forceinline__ u32 oasr_pack_rounded(float lo, float hi) {
+    u32 bits;
+    if constexpr (OUT == OASR_OUT_F16) {
+        asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(bits) : "f"(hi), "f"(lo));
+    } else {
+        asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(bits) : "f"(hi), "f"(lo));
+    }
+    return bits;
+}
+
 // The per-column operands of two neighbouring output columns (col, col + 1; col is even).
 struct OasrColumns {
     float ws0, ws1, b0, b1, q0, q1;

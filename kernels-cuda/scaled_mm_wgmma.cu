@@ -48,6 +48,12 @@ struct __align__(64) OasrTmap {
     u64 opaque[16];
 };
 
+// Registers a consumer thread may hold: 232 after setmaxnreg with two consumer warpgroups; with
+// one, the __maxnreg__ cap under which MINB CTAs of 5 warps fit on the busiest sub-partition.
+__host__ __device__ constexpr int oasr_wgmma_consumer_regs(int bm, int minb) {
+    return bm == 128 ? 232 : (512 / ((5 * minb + 3) / 4)) / 8 * 8;
+}
+
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
 __device__ __forceinline__ void oasr_mbar_init(u32 bar, u32 count) {
@@ -365,31 +371,6 @@ __device__ __forceinline__ OasrTileColumn oasr_tile_column(const GemmParams& p, 
     return c;
 }
 
-// epilogue_value (common.cuh) with the bias selected rather than branched on: the same
-// operations in the same order (no bias: no addition), so the same bits.
-template <int ACT>
-__device__ __forceinline__ float oasr_value_sel(float acc, float weight_scale, float a_scale,
-                                                bool has_bias, float bias) {
-    float v = __fmul_rn(weight_scale, acc);
-    v = __fmul_rn(a_scale, v);
-    const float vb = __fadd_rn(v, bias);
-    v = has_bias ? vb : v;
-    return oasr_activate(ACT, v);
-}
-
-// Two outputs rounded to f16 / bf16 with one packed conversion (lo in the low half): the
-// nearest-even rounding of round_to_out for every value but NaN, which the caller fixes.
-template <int OUT>
-__device__ __forceinline__ u32 oasr_pack_rounded(float lo, float hi) {
-    u32 bits;
-    if constexpr (OUT == OASR_OUT_F16) {
-        asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(bits) : "f"(hi), "f"(lo));
-    } else {
-        asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(bits) : "f"(hi), "f"(lo));
-    }
-    return bits;
-}
-
 // The epilogue output kinds: OASR_OUT_F16 and OASR_OUT_BF16 (scaled_mm), or the 8-bit codes
 // of scaled_mm_quant.
 #define OASR_EPI_QUANT 2
@@ -594,12 +575,6 @@ __device__ __forceinline__ void oasr_setmaxnreg_inc() {
 template <int N>
 __device__ __forceinline__ void oasr_setmaxnreg_dec() {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
-}
-
-// Registers a consumer thread may hold: 232 after setmaxnreg with two consumer warpgroups; with
-// one, the __maxnreg__ cap under which MINB CTAs of 5 warps fit on the busiest sub-partition.
-__host__ __device__ constexpr int oasr_wgmma_consumer_regs(int bm, int minb) {
-    return bm == 128 ? 232 : (512 / ((5 * minb + 3) / 4)) / 8 * 8;
 }
 
 template <bool FP8, int BM, int BN, int STAGES, int EC, int MINB>
