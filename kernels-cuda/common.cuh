@@ -87,17 +87,6 @@ __device__ __forceinline__ u16 oasr_round_to_out(int out_dtype, float v) {
     return h;
 }
 
-// round_to_out without branches, for an output dtype known to the whole warp: both
-// conversions, then selects. The same bits as oasr_round_to_out.
-__device__ __forceinline__ u16 oasr_round_to_out_sel(bool f16, float v) {
-    u16 hf, hb;
-    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(hf) : "f"(v));
-    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(hb) : "f"(v));
-    const u16 h = f16 ? hf : hb;
-    const u16 nan = f16 ? (u16)0x7E00 : (u16)0x7FC0;
-    return oasr_isnan(v) ? nan : h;
-}
-
 // out_bits_to_f32: exact widening.
 __device__ __forceinline__ float oasr_widen(int out_dtype, u16 bits) {
     if (out_dtype == OASR_OUT_F16) {

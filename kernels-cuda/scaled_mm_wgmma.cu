@@ -1,6 +1,7 @@
 // Hopper-native scaled GEMM (sm_90a): warp-specialised, persistent, TMA + mbarrier ring,
 // wgmma.mma_async from 128B-swizzled shared memory, and the same fused epilogue as
-// scaled_mm.cu (common.cuh: oasr_store_pair, the operation order of DESIGN.md section 3).
+// scaled_mm.cu (common.cuh: oasr_value_sel and oasr_round_to_out, the operation order of
+// DESIGN.md section 3).
 //
 // A is [M, K] and W is [N, K] 8-bit codes, both row-major: both K-major, which is what wgmma
 // requires for 8-bit operands. The kernel bodies exist only when compiled for sm_90a
@@ -36,9 +37,10 @@
 //
 // Epilogue: per consumer warp, EC columns at a time, the accumulators (int8: converted to f32
 // once, nearest-even) go to a per-warp shared scratch (outside the ring, which the producer is
-// already refilling), then the warp writes its 16 rows with coalesced pair stores: the
-// operations of common.cuh's oasr_epilogue_value / oasr_round_to_out, with selects instead of
-// branches in the scaled_mm path (same bits). See docs/cuda.md for why its code size matters.
+// already refilling), then the warp writes its 16 rows, four columns a lane, with coalesced
+// stores: the operations of common.cuh's oasr_epilogue_value / oasr_round_to_out, with selects
+// instead of branches and packed conversions (same bits). The tile's column operands come from
+// shared memory. See docs/cuda.md for why its code size and instruction count matter.
 //
 // Experiment knobs (NVRTC options through OASR_NVRTC_OPTIONS, part of the module cache key):
 // -DOASR_WGMMA_GROUP_M=n, -DOASR_WGMMA_EXPERIMENT_NO_EPILOGUE (times
@@ -381,8 +383,8 @@ __device__ __forceinline__ OasrTileColumn oasr_tile_column(const GemmParams& p, 
 // 8j + 2 * (lane % 4) + e % 2); a pass copies its columns to the warp's scratch (int8:
 // converted to f32 once, nearest-even), then each lane finishes four neighbouring columns of
 // a row at a time (one 16-byte scratch read, one 8-byte or 4-byte store). slab_scale is the
-// a_scale of row (lane % 16); `cols` holds pass 0's column operands (loaded before the main
-// loop), and each pass loads the next one's while it stores.
+// a_scale of row (lane % 16); `tcols` is the tile's column operands in shared memory
+// ([3][BN]: weight_scale, bias, consumer multipliers).
 //
 // Code size and instruction count matter here more than anywhere. The pass loop is not
 // unrolled (only the copy of the pass's accumulators to the scratch is selected per pass, with
@@ -530,8 +532,9 @@ __device__ __forceinline__ void oasr_wgmma_epilogue_act(const GemmParams& p,
 template <int OUT, int BN, int EC, typename Acc>
 __device__ __forceinline__ void oasr_wgmma_epilogue_out(const GemmParams& p,
                                                         const Acc (&acc)[BN / 2],
-                                                        const float* cols, float* scratch, int row_base, int col0,
-                                                        int lane, float slab_scale) {
+                                                        const float* cols, float* scratch,
+                                                        int row_base, int col0, int lane,
+                                                        float slab_scale) {
     switch (p.epi.activation) {
         case OASR_ACT_RELU:
             oasr_wgmma_epilogue_act<OASR_ACT_RELU, OUT, BN, EC>(p, acc, cols, scratch, row_base,
@@ -733,7 +736,7 @@ __device__ __forceinline__ void oasr_wgmma_gemm(const GemmParams& p, const OasrT
                 float master[R];
 #pragma unroll
                 for (int i = 0; i < R; ++i) master[i] = 0.0f;
-                float ta[R];
+                float ta[R] = {};
                 auto issue = [&](float (&t)[R]) {
                     oasr_mbar_wait(bars + 8 * s, phase);
                     oasr_fence_regs(t);
@@ -756,7 +759,7 @@ __device__ __forceinline__ void oasr_wgmma_gemm(const GemmParams& p, const OasrT
                 };
                 int slot_a = issue(ta);
                 if constexpr (FP8_TWO_TEMPS) {
-                    float tb[R];
+                    float tb[R] = {};
                     int kt = 1;
                     for (; kt + 1 < ktiles; kt += 2) {
                         const int slot_b = issue(tb);
