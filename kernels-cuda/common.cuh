@@ -232,27 +232,22 @@ __device__ __forceinline__ float oasr_activate(int act, float v) {
     }
 }
 
-// epilogue_value: act(a_scale * (weight_scale * acc) + bias), in exactly that order.
+// epilogue_value: act(a_scale * (weight_scale * acc) + bias), in exactly that order (no bias:
+// no addition). The bias is selected, not branched on, so that the outputs a thread has in
+// flight interleave; a caller that passes `act` as a compile-time constant gets the code of
+// that activation alone.
 __device__ __forceinline__ float oasr_epilogue_value(float acc, float weight_scale, float a_scale,
                                                      bool has_bias, float bias, int act) {
     float v = __fmul_rn(weight_scale, acc);
     v = __fmul_rn(a_scale, v);
-    if (has_bias) {
-        v = __fadd_rn(v, bias);
-    }
+    const float vb = __fadd_rn(v, bias);
+    v = has_bias ? vb : v;
     return oasr_activate(act, v);
 }
 
-// epilogue_value with the bias selected rather than branched on: the same
-// operations in the same order (no bias: no addition), so the same bits.
-template <int ACT>
-__device__ __forceinline__ float oasr_value_sel(float acc, float weight_scale, float a_scale,
-                                                bool has_bias, float bias) {
-    float v = __fmul_rn(weight_scale, acc);
-    v = __fmul_rn(a_scale, v);
-    const float vb = __fadd_rn(v, bias);
-    v = has_bias ? vb : v;
-    return oasr_activate(ACT, v);
+// Two rounded outputs as one u32 (lo in the low half), exactly as round_to_out.
+__device__ __forceinline__ u32 oasr_round_pair_to_out(int out_dtype, float lo, float hi) {
+    return (u32)oasr_round_to_out(out_dtype, lo) | ((u32)oasr_round_to_out(out_dtype, hi) << 16);
 }
 
 // Two outputs rounded to f16 / bf16 with one packed conversion (lo in the low half): the
@@ -286,31 +281,24 @@ __device__ __forceinline__ OasrColumns oasr_columns(const Epilogue& epi, int col
 
 // Finishes two neighbouring outputs (columns col, col + 1) of row `row` and stores them: one
 // 4-byte store of two u16 bits, or one 2-byte store of two 8-bit codes (scaled_mm_quant).
-// `act` is epi.activation; a caller that passes it as a compile-time constant gets the code of
-// that activation alone.
-__device__ __forceinline__ void oasr_store_pair_act(const Epilogue& epi, const OasrColumns& c,
-                                                    int n, int row, int col, float acc0,
-                                                    float acc1, float a_scale, int act) {
+__device__ __forceinline__ void oasr_store_pair(const Epilogue& epi, const OasrColumns& c, int n,
+                                                int row, int col, float acc0, float acc1,
+                                                float a_scale) {
     const bool has_bias = epi.bias != 0;
-    const float v0 = oasr_epilogue_value(acc0, c.ws0, a_scale, has_bias, c.b0, act);
-    const float v1 = oasr_epilogue_value(acc1, c.ws1, a_scale, has_bias, c.b1, act);
-    const u16 h0 = oasr_round_to_out(epi.out_dtype, v0);
-    const u16 h1 = oasr_round_to_out(epi.out_dtype, v1);
+    const float v0 = oasr_epilogue_value(acc0, c.ws0, a_scale, has_bias, c.b0, epi.activation);
+    const float v1 = oasr_epilogue_value(acc1, c.ws1, a_scale, has_bias, c.b1, epi.activation);
     const i64 idx = (i64)row * n + col;
     if (epi.quant_mult == 0) {
-        *reinterpret_cast<u32*>(static_cast<u16*>(epi.out) + idx) = (u32)h0 | ((u32)h1 << 16);
+        *reinterpret_cast<u32*>(static_cast<u16*>(epi.out) + idx) =
+            oasr_round_pair_to_out(epi.out_dtype, v0, v1);
     } else {
         // quantize_static on the rounded output: widen(round(v)) * mult, then encode.
-        const float y0 = __fmul_rn(oasr_widen(epi.out_dtype, h0), c.q0);
-        const float y1 = __fmul_rn(oasr_widen(epi.out_dtype, h1), c.q1);
+        const float y0 =
+            __fmul_rn(oasr_widen(epi.out_dtype, oasr_round_to_out(epi.out_dtype, v0)), c.q0);
+        const float y1 =
+            __fmul_rn(oasr_widen(epi.out_dtype, oasr_round_to_out(epi.out_dtype, v1)), c.q1);
         const u32 pair = (u32)oasr_encode(epi.quant_dtype, y0) |
                          ((u32)oasr_encode(epi.quant_dtype, y1) << 8);
         *reinterpret_cast<u16*>(static_cast<u8*>(epi.out) + idx) = (u16)pair;
     }
-}
-
-__device__ __forceinline__ void oasr_store_pair(const Epilogue& epi, const OasrColumns& c, int n,
-                                                int row, int col, float acc0, float acc1,
-                                                float a_scale) {
-    oasr_store_pair_act(epi, c, n, row, col, acc0, acc1, a_scale, epi.activation);
 }

@@ -44,7 +44,7 @@ __device__ __forceinline__ void oasr_epilogue_i32_body(const i32* __restrict__ a
         bool nan = false;
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
-            y[i] = oasr_value_sel<ACT>(f[i], w[i], a_scale, has_bias, b[i]);
+            y[i] = oasr_epilogue_value(f[i], w[i], a_scale, has_bias, b[i], ACT);
             nan |= oasr_isnan(y[i]);
         }
         uint4 bits;
@@ -55,16 +55,10 @@ __device__ __forceinline__ void oasr_epilogue_i32_body(const i32* __restrict__ a
             bits.w = oasr_pack_rounded<OUT>(y[6], y[7]);
         } else {
             // Rare: round_to_out of every value, as the reference.
-            u32 h[4];
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                h[i] = (u32)oasr_round_to_out(OUT, y[2 * i]) |
-                       ((u32)oasr_round_to_out(OUT, y[2 * i + 1]) << 16);
-            }
-            bits.x = h[0];
-            bits.y = h[1];
-            bits.z = h[2];
-            bits.w = h[3];
+            bits.x = oasr_round_pair_to_out(OUT, y[0], y[1]);
+            bits.y = oasr_round_pair_to_out(OUT, y[2], y[3]);
+            bits.z = oasr_round_pair_to_out(OUT, y[4], y[5]);
+            bits.w = oasr_round_pair_to_out(OUT, y[6], y[7]);
         }
         *reinterpret_cast<uint4*>(static_cast<u16*>(epi.out) + first) = bits;
     }

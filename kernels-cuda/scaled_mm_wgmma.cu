@@ -1,6 +1,6 @@
 // Hopper-native scaled GEMM (sm_90a): warp-specialised, persistent, TMA + mbarrier ring,
 // wgmma.mma_async from 128B-swizzled shared memory, and the same fused epilogue as
-// scaled_mm.cu (common.cuh: oasr_value_sel and oasr_round_to_out, the operation order of
+// scaled_mm.cu (common.cuh: oasr_epilogue_value and oasr_round_to_out, the operation order of
 // DESIGN.md section 3).
 //
 // A is [M, K] and W is [N, K] 8-bit codes, both row-major: both K-major, which is what wgmma
@@ -399,7 +399,7 @@ __device__ __forceinline__ void oasr_wgmma_epilogue_act(const GemmParams& p,
                                                         const float* tcols, float* scratch,
                                                         int row_base, int col0, int lane,
                                                         float slab_scale) {
-    constexpr int SROW = EC + 8;    // floats per scratch row (conflict-free accesses)
+    constexpr int SROW = EC + 8;    // floats per scratch row (conflict-free 8-byte writes)
     constexpr int LPR = EC / 4;     // lanes per output row
     constexpr int RPI = 32 / LPR;   // rows per iteration
     constexpr int ROWS = 16 / RPI;  // rows per lane
@@ -472,10 +472,10 @@ __device__ __forceinline__ void oasr_wgmma_epilogue_act(const GemmParams& p,
 #pragma unroll
             for (int u = 0; u < FU; ++u) {
                 const float as = row_scale[it + u];
-                y[u][0] = oasr_value_sel<ACT>(v[u].x, cws.x, as, has_bias, cb.x);
-                y[u][1] = oasr_value_sel<ACT>(v[u].y, cws.y, as, has_bias, cb.y);
-                y[u][2] = oasr_value_sel<ACT>(v[u].z, cws.z, as, has_bias, cb.z);
-                y[u][3] = oasr_value_sel<ACT>(v[u].w, cws.w, as, has_bias, cb.w);
+                y[u][0] = oasr_epilogue_value(v[u].x, cws.x, as, has_bias, cb.x, ACT);
+                y[u][1] = oasr_epilogue_value(v[u].y, cws.y, as, has_bias, cb.y, ACT);
+                y[u][2] = oasr_epilogue_value(v[u].z, cws.z, as, has_bias, cb.z, ACT);
+                y[u][3] = oasr_epilogue_value(v[u].w, cws.w, as, has_bias, cb.w, ACT);
             }
             if constexpr (OUT == OASR_EPI_QUANT) {
                 // scaled_mm_quant: quantize_static on the rounded output,
@@ -510,10 +510,8 @@ __device__ __forceinline__ void oasr_wgmma_epilogue_act(const GemmParams& p,
                     // Rare: some lane has a NaN. round_to_out of every value, as the reference.
 #pragma unroll
                     for (int u = 0; u < FU; ++u) {
-                        bits[u].x = (u32)oasr_round_to_out(OUT, y[u][0]) |
-                                    ((u32)oasr_round_to_out(OUT, y[u][1]) << 16);
-                        bits[u].y = (u32)oasr_round_to_out(OUT, y[u][2]) |
-                                    ((u32)oasr_round_to_out(OUT, y[u][3]) << 16);
+                        bits[u].x = oasr_round_pair_to_out(OUT, y[u][0], y[u][1]);
+                        bits[u].y = oasr_round_pair_to_out(OUT, y[u][2], y[u][3]);
                     }
                 }
 #pragma unroll
@@ -680,7 +678,8 @@ __device__ __forceinline__ void oasr_wgmma_gemm(const GemmParams& p, const OasrT
             const float slab_scale = p.epi.a_scale == 0 ? p.epi.a_scale_value
                                      : srow < m         ? p.epi.a_scale[srow]
                                                         : 0.0f;
-            const OasrTileColumn column = oasr_tile_column(p, tid < BN ? col0 + tid : n);
+            const OasrTileColumn column =
+                tid < BN ? oasr_tile_column(p, col0 + tid) : OasrTileColumn{};
             // After the main loop: publish the tile's column operands to every consumer warp.
             // Tiles alternate between two buffers; the barrier of tile t (all consumer threads)
             // comes after everyone's epilogue of tile t - 1, so the buffer written for tile
