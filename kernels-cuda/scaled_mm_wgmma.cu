@@ -100,6 +100,39 @@ __device__ __forceinline__ void oasr_tma_prefetch_map(const OasrTmap* map) {
     asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<u64>(map)) : "memory");
 }
 
+// TMA store: the box at (c0 = column, c1 = row) of the output tensor map from shared memory,
+// in this thread's bulk async-group; the unit clips what lies outside the tensor.
+__device__ __forceinline__ void oasr_tma_store_2d(const OasrTmap* map, u32 src, int c0, int c1) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];\n" ::"l"(
+            reinterpret_cast<u64>(map)),
+        "r"(src), "r"(c0), "r"(c1)
+        : "memory");
+}
+__device__ __forceinline__ void oasr_bulk_commit() {
+    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+// Waits until this thread's bulk stores have read their shared memory (the buffer is free).
+__device__ __forceinline__ void oasr_bulk_wait_read() {
+    asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+}
+// Waits until this thread's bulk stores are complete.
+__device__ __forceinline__ void oasr_bulk_wait() {
+    asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+}
+// Makes this thread's generic-proxy shared-memory writes visible to the TMA unit.
+__device__ __forceinline__ void oasr_fence_proxy_async() {
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+// Four 8 x 8 matrices of 16-bit values from the mma / wgmma D fragment layout (lane l holds
+// row l / 4, columns 2 (l % 4) and 2 (l % 4) + 1 of each) into shared memory; lane l gives the
+// address of row l % 8 of matrix l / 8.
+__device__ __forceinline__ void oasr_stmatrix_x4(u32 addr, u32 r0, u32 r1, u32 r2, u32 r3) {
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr),
+                 "r"(r0), "r"(r1), "r"(r2), "r"(r3)
+                 : "memory");
+}
+
 __device__ __forceinline__ void oasr_wgmma_fence() {
     asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 }
@@ -526,6 +559,93 @@ __device__ __forceinline__ void oasr_wgmma_epilogue_act(const GemmParams& p,
     }
 }
 
+// The f16 / bf16 epilogue of one consumer warp through TMA stores (activation none or ReLU):
+// every lane finishes its own accumulators in registers (the wgmma D layout: rows
+// row_base + lane / 4 and + 8, columns 8j + 2 (lane % 4) and + 1), 64 columns at a time;
+// stmatrix writes them as 16 rows of 128 bytes (the 128-byte swizzle) into the warp's staging
+// box, and one lane hands the box to the TMA unit, which writes it to global memory (clipped to
+// M x N) while the warp goes on: with the next box, then the next tile's main loop. Before
+// refilling the box, the lane waits until the unit has read the previous one (long done, as a
+// rule). The operations are those of oasr_wgmma_epilogue_act, so the bits are the same.
+template <int ACT, int OUT, int BN, typename Acc>
+__device__ __forceinline__ void oasr_wgmma_epilogue_tma(const GemmParams& p, const OasrTmap& to,
+                                                        const Acc (&acc)[BN / 2],
+                                                        const float* tcols, u32 stage,
+                                                        int row_base, int col0, int lane,
+                                                        float slab_scale) {
+    static_assert(BN % 64 == 0, "TMA boxes are 64 columns wide");
+    const int g = lane >> 2;
+    const int tq = lane & 3;
+    const float as_lo = __shfl_sync(0xFFFFFFFFu, slab_scale, g);
+    const float as_hi = __shfl_sync(0xFFFFFFFFu, slab_scale, g + 8);
+#ifdef OASR_WGMMA_EXPERIMENT_NO_EPILOGUE
+    if (p.m > 0) {
+        return;
+    }
+#endif
+    const bool has_bias = p.epi.bias != 0;
+    const bool store = lane == 0 && row_base < p.m;
+    // This lane's stmatrix row: row srow of the box, 16-byte chunk (j % 8) + (lane >> 4) for
+    // the column blocks j, j + 1 of each stmatrix.
+    const int srow = ((lane >> 3) & 1) * 8 + (lane & 7);
+    const u32 row_addr = stage + srow * 128;
+#pragma unroll
+    for (int bx = 0; bx < BN / 64; ++bx) {
+        if (col0 + bx * 64 >= p.n) {
+            break;  // warp-uniform: the rest of the tile is past N
+        }
+        u32 r[4][4];
+#pragma unroll
+        for (int jj = 0; jj < 8; jj += 2) {
+            float y[8];
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int j = 8 * bx + jj + h;
+                const int col = 8 * j + 2 * tq;
+                const float2 ws = *reinterpret_cast<const float2*>(tcols + col);
+                const float2 b = *reinterpret_cast<const float2*>(tcols + BN + col);
+                y[4 * h] = oasr_epilogue_value(oasr_acc_to_f32(acc[4 * j]), ws.x, as_lo,
+                                               has_bias, b.x, ACT);
+                y[4 * h + 1] = oasr_epilogue_value(oasr_acc_to_f32(acc[4 * j + 1]), ws.y, as_lo,
+                                                   has_bias, b.y, ACT);
+                y[4 * h + 2] = oasr_epilogue_value(oasr_acc_to_f32(acc[4 * j + 2]), ws.x, as_hi,
+                                                   has_bias, b.x, ACT);
+                y[4 * h + 3] = oasr_epilogue_value(oasr_acc_to_f32(acc[4 * j + 3]), ws.y, as_hi,
+                                                   has_bias, b.y, ACT);
+            }
+            bool nan = false;
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                r[jj / 2][i] = oasr_pack_rounded<OUT>(y[2 * i], y[2 * i + 1]);
+                nan |= oasr_isnan(y[2 * i]) | oasr_isnan(y[2 * i + 1]);
+            }
+            if (__any_sync(0xFFFFFFFFu, nan)) {
+                // Rare: some lane has a NaN. round_to_out of every value, as the reference.
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    r[jj / 2][i] = oasr_round_pair_to_out(OUT, y[2 * i], y[2 * i + 1]);
+                }
+            }
+        }
+        if (lane == 0) {
+            oasr_bulk_wait_read();  // the box is free again
+        }
+        __syncwarp();
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            const int chunk = 2 * q + (lane >> 4);
+            oasr_stmatrix_x4(row_addr + ((chunk ^ (srow & 7)) << 4), r[q][0], r[q][1], r[q][2],
+                             r[q][3]);
+        }
+        oasr_fence_proxy_async();
+        __syncwarp();
+        if (store) {
+            oasr_tma_store_2d(&to, stage, col0 + bx * 64, row_base);
+            oasr_bulk_commit();
+        }
+    }
+}
+
 // The epilogue with the activation and output kind of the call, dispatched once per tile.
 template <int OUT, int BN, int EC, typename Acc>
 __device__ __forceinline__ void oasr_wgmma_epilogue_out(const GemmParams& p,
@@ -553,11 +673,32 @@ __device__ __forceinline__ void oasr_wgmma_epilogue_out(const GemmParams& p,
     }
 }
 
+// The epilogue of one consumer warp: through TMA stores where the output is f16 / bf16 and the
+// activation none or ReLU, else (swish and GELU keep the compact pass loop, whose code fits the
+// instruction cache; the 8-bit codes of scaled_mm_quant) through the scratch.
 template <int BN, int EC, typename Acc>
-__device__ __forceinline__ void oasr_wgmma_epilogue(const GemmParams& p, const Acc (&acc)[BN / 2],
-                                                    const float* cols, float* scratch, int row_base,
+__device__ __forceinline__ void oasr_wgmma_epilogue(const GemmParams& p, const OasrTmap& to,
+                                                    const Acc (&acc)[BN / 2], const float* cols,
+                                                    float* scratch, u32 stage, int row_base,
                                                     int col0, int lane, float slab_scale) {
-    if (p.epi.quant_mult != 0) {
+    const int act = p.epi.activation;
+    if (p.epi.quant_mult == 0 && (act == OASR_ACT_NONE || act == OASR_ACT_RELU)) {
+        if (p.epi.out_dtype == OASR_OUT_F16) {
+            if (act == OASR_ACT_NONE) {
+                oasr_wgmma_epilogue_tma<OASR_ACT_NONE, OASR_OUT_F16, BN>(
+                    p, to, acc, cols, stage, row_base, col0, lane, slab_scale);
+            } else {
+                oasr_wgmma_epilogue_tma<OASR_ACT_RELU, OASR_OUT_F16, BN>(
+                    p, to, acc, cols, stage, row_base, col0, lane, slab_scale);
+            }
+        } else if (act == OASR_ACT_NONE) {
+            oasr_wgmma_epilogue_tma<OASR_ACT_NONE, OASR_OUT_BF16, BN>(
+                p, to, acc, cols, stage, row_base, col0, lane, slab_scale);
+        } else {
+            oasr_wgmma_epilogue_tma<OASR_ACT_RELU, OASR_OUT_BF16, BN>(
+                p, to, acc, cols, stage, row_base, col0, lane, slab_scale);
+        }
+    } else if (p.epi.quant_mult != 0) {
         oasr_wgmma_epilogue_out<OASR_EPI_QUANT, BN, EC>(p, acc, cols, scratch, row_base, col0,
                                                         lane, slab_scale);
     } else if (p.epi.out_dtype == OASR_OUT_F16) {
@@ -580,13 +721,17 @@ __device__ __forceinline__ void oasr_setmaxnreg_dec() {
 
 template <bool FP8, int BM, int BN, int STAGES, int EC, int MINB>
 __device__ __forceinline__ void oasr_wgmma_gemm(const GemmParams& p, const OasrTmap& ta,
-                                                const OasrTmap& tb) {
+                                                const OasrTmap& tb, const OasrTmap& to) {
     constexpr int CW = BM / 64;  // consumer warpgroups
     constexpr int BK = 128;      // bytes of K per stage: one 128-byte swizzle row
     constexpr u32 A_STAGE = BM * BK;
     constexpr u32 B_STAGE = BN * BK;
     constexpr int SROW = EC + 8;
     constexpr u32 SCRATCH = CW * 4 * 16 * SROW * 4;
+    // The TMA-store epilogue's staging box per consumer warp (16 rows x 128 bytes), in the
+    // same region as the scratch (a launch uses one of the two epilogues).
+    constexpr u32 STAGING = CW * 4 * 2048;
+    constexpr u32 EPI = STAGING > SCRATCH ? STAGING : SCRATCH;
     constexpr u32 COLS = 2 * 3 * BN * 4;
     constexpr int CT = CW * 128;  // consumer threads
     static_assert(BN <= CT, "one column operand per consumer thread");
@@ -604,7 +749,7 @@ __device__ __forceinline__ void oasr_wgmma_gemm(const GemmParams& p, const OasrT
     const u32 sa = base;
     const u32 sb = sa + STAGES * A_STAGE;
     const u32 sscratch = sb + STAGES * B_STAGE;
-    const u32 scols = sscratch + SCRATCH;  // the tiles' column operands: [2][3][BN] floats
+    const u32 scols = sscratch + EPI;  // the tiles' column operands: [2][3][BN] floats
     const u32 bars = scols + COLS;         // full[STAGES], then empty[STAGES]
     float* scratch_all = reinterpret_cast<float*>(oasr_wsmem + (sscratch - raw));
     float* cols_all = reinterpret_cast<float*>(oasr_wsmem + (scols - raw));
@@ -663,6 +808,10 @@ __device__ __forceinline__ void oasr_wgmma_gemm(const GemmParams& p, const OasrT
         const int cw = warp >> 2;
         const int wq = warp & 3;
         float* scratch = scratch_all + warp * 16 * SROW;
+        const u32 stage = sscratch + warp * 2048;  // 1024-byte aligned
+        if (tid == 0) {
+            oasr_tma_prefetch_map(&to);
+        }
         const u32 a_off = cw * 64 * BK;
         int s = 0;
         u32 phase = 0;
@@ -721,8 +870,8 @@ __device__ __forceinline__ void oasr_wgmma_gemm(const GemmParams& p, const OasrT
                 if (lane == 0) {
                     oasr_mbar_arrive(bars + 8 * (STAGES + prev));
                 }
-                oasr_wgmma_epilogue<BN, EC>(p, acc, publish_columns(), scratch, row_base, col0,
-                                            lane, slab_scale);
+                oasr_wgmma_epilogue<BN, EC>(p, to, acc, publish_columns(), scratch, stage,
+                                                 row_base, col0, lane, slab_scale);
             } else {
                 // Each 128-byte K slice goes into a temporary accumulator (its first wgmma
                 // with scale-d = 0), which is added into the master accumulator once the
@@ -789,9 +938,12 @@ __device__ __forceinline__ void oasr_wgmma_gemm(const GemmParams& p, const OasrT
                     oasr_wgmma_wait<0>();
                     promote(ta, slot_a);
                 }
-                oasr_wgmma_epilogue<BN, EC>(p, master, publish_columns(), scratch, row_base, col0,
-                                                   lane, slab_scale);
+                oasr_wgmma_epilogue<BN, EC>(p, to, master, publish_columns(), scratch,
+                                                 stage, row_base, col0, lane, slab_scale);
             }
+        }
+        if (lane == 0) {
+            oasr_bulk_wait();  // the TMA stores read shared memory, which lives with the CTA
         }
     }
 }
@@ -805,8 +957,9 @@ __device__ __forceinline__ void oasr_wgmma_gemm(const GemmParams& p, const OasrT
 #endif
 
 // One extern "C" entry point per (dtype, configuration): BM x BN output tile, STAGES-deep
-// ring, EC epilogue columns per pass, MINB CTAs per SM. The name encodes the configuration,
-// which src/runtime/kernels.rs lists with the same numbers.
+// ring, EC epilogue columns per pass (scratch epilogue), MINB CTAs per SM. The name encodes
+// the configuration, which src/runtime/kernels.rs lists with the same numbers. `to` is the
+// output's tensor map (read by the TMA-store epilogue only).
 //
 // Registers: an SM's register file is split among its 4 sub-partitions, warp w of a CTA on
 // sub-partition w % 4 (16384 registers each). BM = 128: 2 consumer warpgroups and a producer
@@ -820,8 +973,8 @@ __device__ __forceinline__ void oasr_wgmma_gemm(const GemmParams& p, const OasrT
     extern "C" __global__ void OASR_WGMMA_ATTR_##BM(MINB)                                     \
         oasr_scaled_mm_wgmma_##D##_##BM##x##BN##_s##ST##_e##EC(                              \
             const __grid_constant__ GemmParams p, const __grid_constant__ OasrTmap ta,        \
-            const __grid_constant__ OasrTmap tb) {                                            \
-        OASR_WGMMA_BODY(oasr_wgmma_gemm<FP8, BM, BN, ST, EC, MINB>(p, ta, tb);)              \
+            const __grid_constant__ OasrTmap tb, const __grid_constant__ OasrTmap to) {       \
+        OASR_WGMMA_BODY(oasr_wgmma_gemm<FP8, BM, BN, ST, EC, MINB>(p, ta, tb, to);)          \
     }
 #define OASR_WGMMA_I8(BM, BN, ST, EC, MINB) OASR_WGMMA_KERNEL(i8, false, BM, BN, ST, EC, MINB)
 #define OASR_WGMMA_E4M3(BM, BN, ST, EC, MINB) OASR_WGMMA_KERNEL(e4m3, true, BM, BN, ST, EC, MINB)

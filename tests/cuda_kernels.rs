@@ -260,27 +260,36 @@ fn int8_scaled_mm_every_epilogue_is_bit_identical() {
     };
     let mut rng = Rng::new(3);
     let c = Case::new(&mut rng, QuantDtype::Int8, 129, 200, 400);
+    // Every tile: the epilogues differ between configurations (scratch or TMA store).
+    let configs = lane.gemm_configs(QuantDtype::Int8);
     let mut variants = 0;
     for act in ACTS {
         for out in OUTS {
             for bias in [false, true] {
                 for per_row in [true, false] {
                     let epi = c.epi(bias, act, out);
-                    let what =
-                        format!("int8 129x200x400 {act:?} {out:?} bias={bias} per_row={per_row}");
-                    assert_bits_eq(
-                        &what,
-                        &c.gpu(lane, None, QuantDtype::Int8, per_row, &epi),
-                        &c.cpu(QuantDtype::Int8, per_row, &epi),
-                        c.n,
-                    );
+                    let want = c.cpu(QuantDtype::Int8, per_row, &epi);
+                    for cfg in &configs {
+                        let what = format!(
+                            "int8 129x200x400 {act:?} {out:?} bias={bias} per_row={per_row} \
+                             tile {}",
+                            cfg.label()
+                        );
+                        assert_bits_eq(
+                            &what,
+                            &c.gpu(lane, Some(*cfg), QuantDtype::Int8, per_row, &epi),
+                            &want,
+                            c.n,
+                        );
+                    }
                     variants += 1;
                 }
             }
         }
     }
     visible(&format!(
-        "int8 scaled_mm: {variants} epilogue variants bit-identical"
+        "int8 scaled_mm: {variants} epilogue variants bit-identical on each of {} tiles",
+        configs.len()
     ));
 }
 
@@ -504,15 +513,24 @@ fn fp8_scaled_mm_is_within_the_bound_and_batch_invariant() {
     }
     // Bound on larger K, and batch invariance: every row of every batch and tile equals the
     // same row computed alone (M = 1).
-    for &(m, n, k) in &[(7, 136, 2064), (129, 384, 1536), (1500, 512, 384)] {
+    // GELU goes through every configuration's scratch epilogue, no activation through the
+    // TMA-store epilogue where a configuration has one.
+    let cases = [
+        (7, 136, 2064, Activation::Gelu, OutDtype::Bf16),
+        (129, 384, 1536, Activation::Gelu, OutDtype::Bf16),
+        (1500, 512, 384, Activation::Gelu, OutDtype::Bf16),
+        (129, 384, 1536, Activation::None, OutDtype::F16),
+        (1500, 520, 384, Activation::None, OutDtype::Bf16),
+    ];
+    for (m, n, k, act, out) in cases {
         let c = Case::new(&mut rng, dt, m, n, k);
-        let epi = c.epi(true, Activation::Gelu, OutDtype::Bf16);
+        let epi = c.epi(true, act, out);
         let batch = c.gpu(lane, None, dt, true, &epi);
         check_fp8(
-            &format!("{m}x{n}x{k} Gelu Bf16"),
+            &format!("{m}x{n}x{k} {act:?} {out:?}"),
             &c,
             true,
-            OutDtype::Bf16,
+            out,
             &batch,
             &c.cpu(dt, true, &epi),
         );

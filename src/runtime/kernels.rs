@@ -279,7 +279,8 @@ impl GemmConfig {
 
     /// Dynamic shared memory. MmaSync: the pipeline ring, reused by the epilogue's per-warp
     /// scratch. Wgmma: 1024 bytes of alignment slack, the ring, the per-warp epilogue scratch
-    /// (16 rows x (epi_cols + 8) floats per consumer warp), the column operands of two tiles
+    /// (16 rows x (epi_cols + 8) floats per consumer warp) or TMA staging box (16 rows x 128
+    /// bytes), whichever is larger, the column operands of two tiles
     /// (weight_scale, bias, consumer multipliers: 3 x BN floats each) and two mbarriers per
     /// stage.
     pub fn smem_bytes(&self) -> u32 {
@@ -293,8 +294,9 @@ impl GemmConfig {
             GemmKind::Wgmma => {
                 let ring = self.stages * (self.bm + self.bn) * self.bk;
                 let scratch = (self.bm / 16) * 16 * (self.epi_cols + 8) * 4;
+                let staging = (self.bm / 16) * 16 * 128;
                 let columns = 2 * 3 * self.bn * 4;
-                1024 + ring + scratch + columns + 16 * self.stages
+                1024 + ring + scratch.max(staging) + columns + 16 * self.stages
             }
         }
     }

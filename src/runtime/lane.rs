@@ -237,13 +237,47 @@ unsafe impl DeviceRepr for TensorMap {}
 /// of 128 bytes of K x `box_rows` rows with the 128-byte swizzle (the wgmma kernels' shared
 /// tile layout); elements outside the matrix read as zero.
 fn tensor_map(ptr: u64, rows: usize, k: usize, box_rows: u32) -> Result<TensorMap> {
+    encode_tensor_map(ptr, false, rows, k, box_rows).map_err(cuda_err(format!(
+        "TMA tensor map of a [{rows}, {k}] operand (box {box_rows} rows)"
+    )))
+}
+
+/// The tensor map of a row-major [rows, cols] 16-bit output at `ptr`, written by the wgmma
+/// kernels' TMA-store epilogue in boxes of 64 columns x 16 rows with the 128-byte swizzle;
+/// the TMA unit clips the boxes at the matrix's edges.
+fn output_tensor_map(ptr: u64, rows: usize, cols: usize) -> Result<TensorMap> {
+    if !ptr.is_multiple_of(16) {
+        return Err(refused(
+            "scaled_mm",
+            format!("the output buffer at {ptr:#x} is not 16-byte aligned"),
+        ));
+    }
+    encode_tensor_map(ptr, true, rows, cols, 16).map_err(cuda_err(format!(
+        "TMA tensor map of the [{rows}, {cols}] output"
+    )))
+}
+
+/// cuTensorMapEncodeTiled of a row-major [rows, cols] matrix of u8 (`wide` false: boxes of
+/// 128 columns) or u16 (`wide`: boxes of 64 columns), `box_rows` rows, 128-byte swizzle.
+fn encode_tensor_map(
+    ptr: u64,
+    wide: bool,
+    rows: usize,
+    cols: usize,
+    box_rows: u32,
+) -> std::result::Result<TensorMap, cudarc::driver::DriverError> {
     use cudarc::driver::sys::{
         cuTensorMapEncodeTiled, CUtensorMap, CUtensorMapDataType, CUtensorMapFloatOOBfill,
         CUtensorMapInterleave, CUtensorMapL2promotion, CUtensorMapSwizzle,
     };
-    let dims = [k as u64, rows as u64];
-    let strides = [k as u64]; // bytes between rows (dimension 1)
-    let boxes = [128u32, box_rows];
+    let (data_type, elem) = if wide {
+        (CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT16, 2)
+    } else {
+        (CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT8, 1)
+    };
+    let dims = [cols as u64, rows as u64];
+    let strides = [(cols * elem) as u64]; // bytes between rows (dimension 1)
+    let boxes = [128 / elem as u32, box_rows]; // one 128-byte swizzle row
     let element_strides = [1u32, 1];
     let mut map = std::mem::MaybeUninit::<CUtensorMap>::zeroed();
     // SAFETY: every array holds the rank (2) entries the call reads (strides: rank - 1); the
@@ -252,7 +286,7 @@ fn tensor_map(ptr: u64, rows: usize, k: usize, box_rows: u32) -> Result<TensorMa
     unsafe {
         cuTensorMapEncodeTiled(
             map.as_mut_ptr(),
-            CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT8,
+            data_type,
             2,
             ptr as *mut std::ffi::c_void,
             dims.as_ptr(),
@@ -265,10 +299,7 @@ fn tensor_map(ptr: u64, rows: usize, k: usize, box_rows: u32) -> Result<TensorMa
             CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
         )
     }
-    .result()
-    .map_err(cuda_err(format!(
-        "TMA tensor map of a [{rows}, {k}] operand (box {box_rows} rows)"
-    )))?;
+    .result()?;
     // SAFETY: initialised by the successful call above.
     let map = unsafe { map.assume_init() };
     Ok(TensorMap(map.opaque))
@@ -679,21 +710,29 @@ impl CudaLane {
             let grid = ctas.min(per_sm * self.info.sm_count.max(1)).max(1);
             let ta = tensor_map(p.a, m, k, config.bm)?;
             let tb = tensor_map(p.w, n, k, config.bn)?;
+            // The 16-bit output of the TMA-store epilogue (8-bit codes never go through it).
+            let to = if p.epi.quant_mult == 0 {
+                output_tensor_map(p.epi.out, m, n)?
+            } else {
+                ta
+            };
             let cfg = LaunchConfig {
                 grid_dim: (grid as u32, 1, 1),
                 block_dim: (config.threads(), 1, 1),
                 shared_mem_bytes: config.smem_bytes(),
             };
             // SAFETY: `p` matches the kernel's `GemmParams` (layout asserted on both sides) and
-            // the two tensor maps its `OasrTmap` parameters (128 opaque bytes); every pointer is
-            // a live device buffer whose length was checked against m, n, k, and the maps
-            // describe exactly those [m, k] and [n, k] buffers.
+            // the three tensor maps its `OasrTmap` parameters (128 opaque bytes); every pointer
+            // is a live device buffer whose length was checked against m, n, k, and the maps
+            // describe exactly those [m, k], [n, k] and [m, n] buffers (the kernel reads `to`
+            // only for a 16-bit output of a TMA-store configuration).
             unsafe {
                 self.stream
                     .launch_builder(f)
                     .arg(p)
                     .arg(&ta)
                     .arg(&tb)
+                    .arg(&to)
                     .launch(cfg)
             }
             .map_err(cuda_err(format!("launch of {}", config.kernel_name())))?;
