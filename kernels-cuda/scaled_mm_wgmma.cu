@@ -589,57 +589,66 @@ __device__ __forceinline__ void oasr_wgmma_epilogue_tma(const GemmParams& p, con
     // the column blocks j, j + 1 of each stmatrix.
     const int srow = ((lane >> 3) & 1) * 8 + (lane & 7);
     const u32 row_addr = stage + srow * 128;
+    // The lane's four values of column block j (columns 8j + 2 (lane % 4) and + 1).
+    auto box_values = [&](int j, float (&y)[4]) {
+        const int col = 8 * j + 2 * tq;
+        const float2 ws = *reinterpret_cast<const float2*>(tcols + col);
+        const float2 b = *reinterpret_cast<const float2*>(tcols + BN + col);
+        y[0] = oasr_epilogue_value(oasr_acc_to_f32(acc[4 * j]), ws.x, as_lo, has_bias, b.x, ACT);
+        y[1] = oasr_epilogue_value(oasr_acc_to_f32(acc[4 * j + 1]), ws.y, as_lo, has_bias, b.y,
+                                   ACT);
+        y[2] = oasr_epilogue_value(oasr_acc_to_f32(acc[4 * j + 2]), ws.x, as_hi, has_bias, b.x,
+                                   ACT);
+        y[3] = oasr_epilogue_value(oasr_acc_to_f32(acc[4 * j + 3]), ws.y, as_hi, has_bias, b.y,
+                                   ACT);
+    };
 #pragma unroll
     for (int bx = 0; bx < BN / 64; ++bx) {
         if (col0 + bx * 64 >= p.n) {
             break;  // warp-uniform: the rest of the tile is past N
         }
-        u32 r[4][4];
+        // The box's 32 outputs of this lane, as 16 packed pairs in stmatrix order: r[2 jj] and
+        // r[2 jj + 1] hold rows lane / 4 and + 8 of column block 8 bx + jj. One NaN vote per
+        // box, so that the 32 independent chains form one block the compiler can interleave.
+        u32 r[16];
+        bool nan = false;
 #pragma unroll
-        for (int jj = 0; jj < 8; jj += 2) {
-            float y[8];
+        for (int jj = 0; jj < 8; ++jj) {
+            float y[4];
+            box_values(8 * bx + jj, y);
+            r[2 * jj] = oasr_pack_rounded<OUT>(y[0], y[1]);
+            r[2 * jj + 1] = oasr_pack_rounded<OUT>(y[2], y[3]);
+            nan |= oasr_isnan(y[0]) | oasr_isnan(y[1]) | oasr_isnan(y[2]) | oasr_isnan(y[3]);
+        }
+        if (__any_sync(0xFFFFFFFFu, nan)) {
+            // Rare: some lane has a NaN. round_to_out of every value, as the reference.
 #pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const int j = 8 * bx + jj + h;
-                const int col = 8 * j + 2 * tq;
-                const float2 ws = *reinterpret_cast<const float2*>(tcols + col);
-                const float2 b = *reinterpret_cast<const float2*>(tcols + BN + col);
-                y[4 * h] = oasr_epilogue_value(oasr_acc_to_f32(acc[4 * j]), ws.x, as_lo,
-                                               has_bias, b.x, ACT);
-                y[4 * h + 1] = oasr_epilogue_value(oasr_acc_to_f32(acc[4 * j + 1]), ws.y, as_lo,
-                                                   has_bias, b.y, ACT);
-                y[4 * h + 2] = oasr_epilogue_value(oasr_acc_to_f32(acc[4 * j + 2]), ws.x, as_hi,
-                                                   has_bias, b.x, ACT);
-                y[4 * h + 3] = oasr_epilogue_value(oasr_acc_to_f32(acc[4 * j + 3]), ws.y, as_hi,
-                                                   has_bias, b.y, ACT);
-            }
-            bool nan = false;
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                r[jj / 2][i] = oasr_pack_rounded<OUT>(y[2 * i], y[2 * i + 1]);
-                nan |= oasr_isnan(y[2 * i]) | oasr_isnan(y[2 * i + 1]);
-            }
-            if (__any_sync(0xFFFFFFFFu, nan)) {
-                // Rare: some lane has a NaN. round_to_out of every value, as the reference.
-#pragma unroll
-                for (int i = 0; i < 4; ++i) {
-                    r[jj / 2][i] = oasr_round_pair_to_out(OUT, y[2 * i], y[2 * i + 1]);
-                }
+            for (int jj = 0; jj < 8; ++jj) {
+                float y[4];
+                box_values(8 * bx + jj, y);
+                r[2 * jj] = oasr_round_pair_to_out(OUT, y[0], y[1]);
+                r[2 * jj + 1] = oasr_round_pair_to_out(OUT, y[2], y[3]);
             }
         }
+#ifndef OASR_WGMMA_EXPERIMENT_NO_TMA_WAIT
         if (lane == 0) {
             oasr_bulk_wait_read();  // the box is free again
         }
+#endif
         __syncwarp();
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
             const int chunk = 2 * q + (lane >> 4);
-            oasr_stmatrix_x4(row_addr + ((chunk ^ (srow & 7)) << 4), r[q][0], r[q][1], r[q][2],
-                             r[q][3]);
+            oasr_stmatrix_x4(row_addr + ((chunk ^ (srow & 7)) << 4), r[4 * q], r[4 * q + 1],
+                             r[4 * q + 2], r[4 * q + 3]);
         }
         oasr_fence_proxy_async();
         __syncwarp();
+#ifdef OASR_WGMMA_EXPERIMENT_NO_TMA_STORE
+        if (store && p.m < 0) {
+#else
         if (store) {
+#endif
             oasr_tma_store_2d(&to, stage, col0 + bx * 64, row_base);
             oasr_bulk_commit();
         }
