@@ -159,12 +159,23 @@ struct Case {
 impl Case {
     /// Scales chosen so that the epilogue sees values from tiny to beyond f16's range, with a
     /// NaN and infinite bias column and a zero-scale row, so activations and rounding meet their
-    /// edge cases.
+    /// edge cases. int8: row 4 of A and rows 9 and 10 of W are all +127 / +127 / -127, so that
+    /// their outputs have accumulators of +-127² K (beyond 2^22 from K = 261, beyond 2^24, where
+    /// the conversion to f32 rounds, from K = 1041).
     fn new(rng: &mut Rng, dtype: QuantDtype, m: usize, n: usize, k: usize) -> Case {
-        let (a, w) = match dtype {
+        let (mut a, mut w) = match dtype {
             QuantDtype::Int8 => (rng.int8(m * k), rng.int8(n * k)),
             QuantDtype::Float8E4m3fn => (rng.e4m3(m * k, 10), rng.e4m3(n * k, 10)),
         };
+        if dtype == QuantDtype::Int8 {
+            if m > 4 {
+                a[4 * k..5 * k].fill(127);
+            }
+            if n > 10 {
+                w[9 * k..10 * k].fill(127);
+                w[10 * k..11 * k].fill(-127i8 as u8);
+            }
+        }
         let norm = match dtype {
             QuantDtype::Int8 => 1.0 / (127.0 * 127.0 * (k as f32).sqrt()),
             QuantDtype::Float8E4m3fn => 1.0 / (8.0 * (k as f32).sqrt()),
