@@ -35,16 +35,23 @@
 //   wgmmas run while the previous one is promoted. Every output element is the same chain for
 //   every M and every tile configuration, so the result is batch-invariant.
 //
-// Epilogue: per consumer warp, EC columns at a time, the accumulators (int8: converted to f32
-// once, nearest-even) go to a per-warp shared scratch (outside the ring, which the producer is
-// already refilling), then the warp writes its 16 rows, four columns a lane, with coalesced
-// stores: the operations of common.cuh's oasr_epilogue_value / oasr_round_to_out, with selects
-// instead of branches and packed conversions (same bits). The tile's column operands come from
-// shared memory. See docs/cuda.md for why its code size and instruction count matter.
+// Epilogue, the operations of common.cuh's oasr_epilogue_value / oasr_round_to_out with
+// selects instead of branches and packed conversions (same bits), the tile's column operands
+// from shared memory:
+// - f16 / bf16 with activation none or ReLU: each lane finishes its accumulators in registers,
+//   stmatrix writes 64 columns of the warp's 16 rows into a swizzled staging box, and a TMA
+//   store writes the box out while the warp goes on (oasr_wgmma_epilogue_tma);
+// - otherwise (swish, GELU, the 8-bit codes of scaled_mm_quant): per consumer warp, EC columns
+//   at a time, the accumulators (int8: converted to f32 once, nearest-even) go to a per-warp
+//   shared scratch, then the warp writes its 16 rows, four columns a lane, with coalesced stores.
+// Both live outside the ring, which the producer is already refilling. See docs/cuda.md for
+// why code size and instruction count matter.
 //
 // Experiment knobs (NVRTC options through OASR_NVRTC_OPTIONS, part of the module cache key):
-// -DOASR_WGMMA_GROUP_M=n, -DOASR_WGMMA_EXPERIMENT_NO_EPILOGUE (times
-// the main loop alone; its results are wrong by design).
+// -DOASR_WGMMA_GROUP_M=n; timings whose results are wrong by design:
+// -DOASR_WGMMA_EXPERIMENT_NO_EPILOGUE (the main loop alone), -DOASR_WGMMA_EXPERIMENT_NO_TMA_WAIT
+// (the TMA epilogue without waiting for its box to be free), -DOASR_WGMMA_EXPERIMENT_NO_TMA_STORE
+// (without issuing its stores).
 
 struct __align__(64) OasrTmap {
     u64 opaque[16];
