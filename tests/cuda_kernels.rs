@@ -271,7 +271,8 @@ fn int8_scaled_mm_every_epilogue_is_bit_identical() {
     };
     let mut rng = Rng::new(3);
     let c = Case::new(&mut rng, QuantDtype::Int8, 129, 200, 400);
-    // Every tile: the epilogues differ between configurations (scratch or TMA store).
+    // Every tile: each configuration has its own copy of both epilogues (TMA store for none and
+    // ReLU, scratch for swish and GELU).
     let configs = lane.gemm_configs(QuantDtype::Int8);
     let mut variants = 0;
     for act in ACTS {
@@ -524,8 +525,7 @@ fn fp8_scaled_mm_is_within_the_bound_and_batch_invariant() {
     }
     // Bound on larger K, and batch invariance: every row of every batch and tile equals the
     // same row computed alone (M = 1).
-    // GELU goes through every configuration's scratch epilogue, no activation through the
-    // TMA-store epilogue where a configuration has one.
+    // GELU goes through the scratch epilogue, no activation through the TMA-store epilogue.
     let cases = [
         (7, 136, 2064, Activation::Gelu, OutDtype::Bf16),
         (129, 384, 1536, Activation::Gelu, OutDtype::Bf16),

@@ -725,7 +725,7 @@ impl CudaLane {
             // the three tensor maps its `OasrTmap` parameters (128 opaque bytes); every pointer
             // is a live device buffer whose length was checked against m, n, k, and the maps
             // describe exactly those [m, k], [n, k] and [m, n] buffers (the kernel reads `to`
-            // only for a 16-bit output of a TMA-store configuration).
+            // only for a 16-bit output, with activation none or ReLU).
             unsafe {
                 self.stream
                     .launch_builder(f)
