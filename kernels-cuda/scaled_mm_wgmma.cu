@@ -591,7 +591,6 @@ __device__ __forceinline__ void oasr_wgmma_epilogue_tma(const GemmParams& p, con
     }
 #endif
     const bool has_bias = p.epi.bias != 0;
-    const bool store = lane == 0 && row_base < p.m;
     // This lane's stmatrix row: row srow of the box, 16-byte chunk (j % 8) + (lane >> 4) for
     // the column blocks j, j + 1 of each stmatrix.
     const int srow = ((lane >> 3) & 1) * 8 + (lane & 7);
@@ -651,28 +650,36 @@ __device__ __forceinline__ void oasr_wgmma_epilogue_tma(const GemmParams& p, con
         }
         oasr_fence_proxy_async();
         __syncwarp();
-#ifdef OASR_WGMMA_EXPERIMENT_NO_TMA_STORE
-        if (store && p.m < 0) {
-#else
-        if (store) {
-#endif
+#ifndef OASR_WGMMA_EXPERIMENT_NO_TMA_STORE
+        if (lane == 0 && row_base < p.m) {
             oasr_tma_store_2d(&to, stage, col0 + bx * 64, row_base);
             oasr_bulk_commit();
         }
+#endif
     }
 }
 
-// The epilogue with the activation and output kind of the call, dispatched once per tile.
+// The epilogue of one consumer warp with the activation and output kind of the call,
+// dispatched once per tile. f16 / bf16 with activation none or ReLU go through TMA stores;
+// swish and GELU (whose compact pass loop fits the instruction cache) and the 8-bit codes of
+// scaled_mm_quant through the scratch.
 template <int OUT, int BN, int EC, typename Acc>
-__device__ __forceinline__ void oasr_wgmma_epilogue_out(const GemmParams& p,
+__device__ __forceinline__ void oasr_wgmma_epilogue_out(const GemmParams& p, const OasrTmap& to,
                                                         const Acc (&acc)[BN / 2],
                                                         const float* cols, float* scratch,
-                                                        int row_base, int col0, int lane,
-                                                        float slab_scale) {
+                                                        u32 stage, int row_base, int col0,
+                                                        int lane, float slab_scale) {
+    constexpr bool TMA = OUT != OASR_EPI_QUANT;
     switch (p.epi.activation) {
         case OASR_ACT_RELU:
-            oasr_wgmma_epilogue_act<OASR_ACT_RELU, OUT, BN, EC>(p, acc, cols, scratch, row_base,
-                                                                col0, lane, slab_scale);
+            if constexpr (TMA) {
+                oasr_wgmma_epilogue_tma<OASR_ACT_RELU, OUT, BN>(p, to, acc, cols, stage,
+                                                                row_base, col0, lane, slab_scale);
+            } else {
+                oasr_wgmma_epilogue_act<OASR_ACT_RELU, OUT, BN, EC>(p, acc, cols, scratch,
+                                                                    row_base, col0, lane,
+                                                                    slab_scale);
+            }
             break;
         case OASR_ACT_SWISH:
             oasr_wgmma_epilogue_act<OASR_ACT_SWISH, OUT, BN, EC>(p, acc, cols, scratch, row_base,
@@ -683,46 +690,32 @@ __device__ __forceinline__ void oasr_wgmma_epilogue_out(const GemmParams& p,
                                                                 col0, lane, slab_scale);
             break;
         default:
-            oasr_wgmma_epilogue_act<OASR_ACT_NONE, OUT, BN, EC>(p, acc, cols, scratch, row_base,
-                                                                col0, lane, slab_scale);
+            if constexpr (TMA) {
+                oasr_wgmma_epilogue_tma<OASR_ACT_NONE, OUT, BN>(p, to, acc, cols, stage,
+                                                                row_base, col0, lane, slab_scale);
+            } else {
+                oasr_wgmma_epilogue_act<OASR_ACT_NONE, OUT, BN, EC>(p, acc, cols, scratch,
+                                                                    row_base, col0, lane,
+                                                                    slab_scale);
+            }
             break;
     }
 }
 
-// The epilogue of one consumer warp: through TMA stores where the output is f16 / bf16 and the
-// activation none or ReLU, else (swish and GELU keep the compact pass loop, whose code fits the
-// instruction cache; the 8-bit codes of scaled_mm_quant) through the scratch.
 template <int BN, int EC, typename Acc>
 __device__ __forceinline__ void oasr_wgmma_epilogue(const GemmParams& p, const OasrTmap& to,
                                                     const Acc (&acc)[BN / 2], const float* cols,
                                                     float* scratch, u32 stage, int row_base,
                                                     int col0, int lane, float slab_scale) {
-    const int act = p.epi.activation;
-    if (p.epi.quant_mult == 0 && (act == OASR_ACT_NONE || act == OASR_ACT_RELU)) {
-        if (p.epi.out_dtype == OASR_OUT_F16) {
-            if (act == OASR_ACT_NONE) {
-                oasr_wgmma_epilogue_tma<OASR_ACT_NONE, OASR_OUT_F16, BN>(
-                    p, to, acc, cols, stage, row_base, col0, lane, slab_scale);
-            } else {
-                oasr_wgmma_epilogue_tma<OASR_ACT_RELU, OASR_OUT_F16, BN>(
-                    p, to, acc, cols, stage, row_base, col0, lane, slab_scale);
-            }
-        } else if (act == OASR_ACT_NONE) {
-            oasr_wgmma_epilogue_tma<OASR_ACT_NONE, OASR_OUT_BF16, BN>(
-                p, to, acc, cols, stage, row_base, col0, lane, slab_scale);
-        } else {
-            oasr_wgmma_epilogue_tma<OASR_ACT_RELU, OASR_OUT_BF16, BN>(
-                p, to, acc, cols, stage, row_base, col0, lane, slab_scale);
-        }
-    } else if (p.epi.quant_mult != 0) {
-        oasr_wgmma_epilogue_out<OASR_EPI_QUANT, BN, EC>(p, acc, cols, scratch, row_base, col0,
-                                                        lane, slab_scale);
+    if (p.epi.quant_mult != 0) {
+        oasr_wgmma_epilogue_out<OASR_EPI_QUANT, BN, EC>(p, to, acc, cols, scratch, stage,
+                                                        row_base, col0, lane, slab_scale);
     } else if (p.epi.out_dtype == OASR_OUT_F16) {
-        oasr_wgmma_epilogue_out<OASR_OUT_F16, BN, EC>(p, acc, cols, scratch, row_base, col0,
-                                                      lane, slab_scale);
+        oasr_wgmma_epilogue_out<OASR_OUT_F16, BN, EC>(p, to, acc, cols, scratch, stage, row_base,
+                                                      col0, lane, slab_scale);
     } else {
-        oasr_wgmma_epilogue_out<OASR_OUT_BF16, BN, EC>(p, acc, cols, scratch, row_base, col0,
-                                                       lane, slab_scale);
+        oasr_wgmma_epilogue_out<OASR_OUT_BF16, BN, EC>(p, to, acc, cols, scratch, stage,
+                                                       row_base, col0, lane, slab_scale);
     }
 }
 

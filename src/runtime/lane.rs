@@ -237,7 +237,7 @@ unsafe impl DeviceRepr for TensorMap {}
 /// of 128 bytes of K x `box_rows` rows with the 128-byte swizzle (the wgmma kernels' shared
 /// tile layout); elements outside the matrix read as zero.
 fn tensor_map(ptr: u64, rows: usize, k: usize, box_rows: u32) -> Result<TensorMap> {
-    encode_tensor_map(ptr, false, rows, k, box_rows).map_err(cuda_err(format!(
+    encode_tensor_map(ptr, 1, rows, k, box_rows).map_err(cuda_err(format!(
         "TMA tensor map of a [{rows}, {k}] operand (box {box_rows} rows)"
     )))
 }
@@ -252,16 +252,16 @@ fn output_tensor_map(ptr: u64, rows: usize, cols: usize) -> Result<TensorMap> {
             format!("the output buffer at {ptr:#x} is not 16-byte aligned"),
         ));
     }
-    encode_tensor_map(ptr, true, rows, cols, 16).map_err(cuda_err(format!(
+    encode_tensor_map(ptr, 2, rows, cols, 16).map_err(cuda_err(format!(
         "TMA tensor map of the [{rows}, {cols}] output"
     )))
 }
 
-/// cuTensorMapEncodeTiled of a row-major [rows, cols] matrix of u8 (`wide` false: boxes of
-/// 128 columns) or u16 (`wide`: boxes of 64 columns), `box_rows` rows, 128-byte swizzle.
+/// cuTensorMapEncodeTiled of a row-major [rows, cols] matrix of `elem` = 1 (u8) or 2 (u16)
+/// byte elements, in boxes of one 128-byte swizzle row x `box_rows` rows.
 fn encode_tensor_map(
     ptr: u64,
-    wide: bool,
+    elem: usize,
     rows: usize,
     cols: usize,
     box_rows: u32,
@@ -270,10 +270,10 @@ fn encode_tensor_map(
         cuTensorMapEncodeTiled, CUtensorMap, CUtensorMapDataType, CUtensorMapFloatOOBfill,
         CUtensorMapInterleave, CUtensorMapL2promotion, CUtensorMapSwizzle,
     };
-    let (data_type, elem) = if wide {
-        (CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT16, 2)
+    let data_type = if elem == 2 {
+        CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT16
     } else {
-        (CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT8, 1)
+        CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT8
     };
     let dims = [cols as u64, rows as u64];
     let strides = [(cols * elem) as u64]; // bytes between rows (dimension 1)
