@@ -194,7 +194,7 @@ const fn wg(dtype: QuantDtype, bm: u32, bn: u32, stages: u32, epi_cols: u32) -> 
 /// Every compiled configuration, largest tiles first. Must list exactly the configurations of
 /// `scaled_mm.cu` (`OASR_GEMM_CONFIG` gives both dtypes, `OASR_GEMM_I8` int8 only) and of
 /// `scaled_mm_wgmma.cu` (`OASR_WGMMA_I8`, `OASR_WGMMA_E4M3`).
-pub const GEMM_CONFIGS: [GemmConfig; 23] = {
+pub const GEMM_CONFIGS: [GemmConfig; 24] = {
     use QuantDtype::{Float8E4m3fn as F8, Int8 as I8};
     [
         cfg(I8, [128, 256, 64, 2, 4, 4]),
@@ -217,6 +217,7 @@ pub const GEMM_CONFIGS: [GemmConfig; 23] = {
         wg(I8, 128, 128, 6, 32),
         wg(I8, 64, 128, 4, 32),
         wg(I8, 64, 64, 3, 32),
+        wg(F8, 128, 192, 4, 32),
         wg(F8, 128, 128, 6, 32),
         wg(F8, 64, 128, 4, 32),
         wg(F8, 64, 64, 4, 16),
@@ -376,6 +377,7 @@ impl GemmConfig {
                 (QuantDtype::Int8, 128, 128) => (2.683, 5560.0),
                 (QuantDtype::Int8, 64, 128) => (2.136, 5650.0),
                 (QuantDtype::Int8, 64, 64) => (1.434, 2950.0),
+                (QuantDtype::Float8E4m3fn, 128, 192) => (1.44, 1230.0),
                 (QuantDtype::Float8E4m3fn, 128, 128) => (2.187, 2240.0),
                 (QuantDtype::Float8E4m3fn, 64, 128) => (1.825, 2350.0),
                 (QuantDtype::Float8E4m3fn, 64, 64) => (1.38, 1400.0),
@@ -397,6 +399,7 @@ impl GemmConfig {
             (GemmKind::Wgmma, QuantDtype::Int8, 128, 128) => 1225.0,
             (GemmKind::Wgmma, QuantDtype::Int8, 64, 128) => 1125.0,
             (GemmKind::Wgmma, QuantDtype::Int8, 64, 64) => 775.0,
+            (GemmKind::Wgmma, QuantDtype::Float8E4m3fn, 128, 192) => 700.0,
             (GemmKind::Wgmma, QuantDtype::Float8E4m3fn, 128, 128) => 1025.0,
             (GemmKind::Wgmma, QuantDtype::Float8E4m3fn, 64, 128) => 850.0,
             (GemmKind::Wgmma, QuantDtype::Float8E4m3fn, 64, 64) => 675.0,
@@ -418,6 +421,7 @@ impl GemmConfig {
                 (QuantDtype::Int8, 128, 128) => 2.53,
                 (QuantDtype::Int8, 64, 128) => 2.585,
                 (QuantDtype::Int8, 64, 64) => 1.455,
+                (QuantDtype::Float8E4m3fn, 128, 192) => 1.7,
                 (QuantDtype::Float8E4m3fn, 128, 128) => 2.08,
                 (QuantDtype::Float8E4m3fn, 64, 128) => 1.82,
                 (QuantDtype::Float8E4m3fn, 64, 64) => 1.43,
@@ -871,6 +875,8 @@ mod tests {
         assert_eq!(pick(F8, 4096, 4096, 4096), Some((128, 128)));
         assert_eq!(pick(F8, 8192, 2048, 512), Some((128, 128)));
         assert_eq!(pick(F8, 1500, 256, 256), Some((64, 64)));
+        assert_eq!(pick(F8, 8192, 384, 1536), Some((128, 192)));
+        assert_eq!(pick(F8, 1500, 2048, 768), Some((128, 192)));
         // GELU epilogues favour more, smaller CTAs on the small shapes.
         let gelu = |dtype, m, n, k| {
             GemmConfig::choose_for(dtype, Activation::Gelu, m, n, k, &available, 132)
@@ -879,7 +885,8 @@ mod tests {
         assert_eq!(gelu(I8, 1500, 256, 256), Some((64, 64)));
         assert_eq!(gelu(I8, 1500, 2048, 768), Some((128, 192)));
         assert_eq!(gelu(I8, 4096, 4096, 4096), Some((128, 256)));
-        assert_eq!(gelu(F8, 1500, 2048, 512), Some((64, 64)));
+        assert_eq!(gelu(F8, 1500, 2048, 512), Some((128, 192)));
+        assert_eq!(gelu(F8, 1500, 384, 384), Some((64, 64)));
         assert_eq!(gelu(F8, 8192, 2048, 512), Some((128, 128)));
     }
 
