@@ -56,16 +56,8 @@ done
 
 OUT=${OUT:-./out}
 mkdir -p "$OUT"
-for lib in libnvrtc.so.13 libcublasLt.so.13; do
-    p=$(ldconfig -p 2>/dev/null | awk -v l="$lib" '$1 == l { print $NF; exit }')
-    [[ -n "$p" ]] || p=$(find /usr/local /opt /usr/lib -name "$lib" 2>/dev/null | grep -v '\.alt\.' | head -1)
-    if [[ -n "$p" ]]; then
-        export LD_LIBRARY_PATH="$(dirname "$p")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-    else
-        echo "warning: $lib not found" >&2
-    fi
-done
-export OASR_CUDA_CACHE_DIR=${OASR_CUDA_CACHE_DIR:-/tmp/oasr-cuda-cache}
+# shellcheck source=benches/device-libs.sh
+source "$(dirname "$0")/device-libs.sh"
 export OASR_REQUIRE_GPU=1 OASR_REQUIRE_NVRTC=1
 [[ -f "$DEV/whisper-tiny-subset.safetensors" ]] && export OASR_WHISPER_SUBSET="$DEV/whisper-tiny-subset.safetensors"
 

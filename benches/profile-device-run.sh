@@ -11,12 +11,8 @@ set -uo pipefail
 DEV=${OASR_DEV_DIR:-.dev-out}
 OUT=${OUT:-./out}
 mkdir -p "$OUT"
-for lib in libnvrtc.so.13 libcublasLt.so.13; do
-    p=$(ldconfig -p 2>/dev/null | awk -v l="$lib" '$1 == l { print $NF; exit }')
-    [[ -n "$p" ]] || p=$(find /usr/local /opt /usr/lib -name "$lib" 2>/dev/null | grep -v '\.alt\.' | head -1)
-    [[ -n "$p" ]] && export LD_LIBRARY_PATH="$(dirname "$p")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-done
-export OASR_CUDA_CACHE_DIR=${OASR_CUDA_CACHE_DIR:-/tmp/oasr-cuda-cache}
+# shellcheck source=benches/device-libs.sh
+source "$(dirname "$0")/device-libs.sh"
 
 nvidia-smi -q -d PERFORMANCE,CLOCK,POWER > "$OUT/smi-before.txt" 2>&1
 nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu,utilization.gpu,clocks_event_reasons.active \

@@ -55,12 +55,8 @@ echo "$(cat "$model/model.bin.sha256")  $model/model.bin" | sha256sum -c - || ex
 bin=/tmp/oasr-verify-bin
 mkdir -p "$bin"
 for b in cuda_verify oasr-quantize; do gunzip -c "$DEV/bin/$b.gz" > "$bin/$b" && chmod +x "$bin/$b"; done
-for lib in libnvrtc.so.13 libcublasLt.so.13; do
-    p=$(ldconfig -p 2>/dev/null | awk -v l="$lib" '$1 == l { print $NF; exit }')
-    [[ -n "$p" ]] || p=$(find /usr/local /opt /usr/lib -name "$lib" 2>/dev/null | grep -v '\.alt\.' | head -1)
-    [[ -n "$p" ]] && export LD_LIBRARY_PATH="$(dirname "$p")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-done
-export OASR_CUDA_CACHE_DIR=${OASR_CUDA_CACHE_DIR:-/tmp/oasr-cuda-cache}
+# shellcheck source=benches/device-libs.sh
+source "$(dirname "$0")/device-libs.sh"
 export OASR_CACHE_DIR=$cache OASR_REQUIRE_GPU=1
 {
     date -u
