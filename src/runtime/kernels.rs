@@ -412,7 +412,8 @@ impl GemmConfig {
     /// (2026-12-01, with the TMA-store epilogue: the heuristic's pick is within 4.5 % of the
     /// best int8 configuration on every default shape of `bench-gemm`, 0.3 % on average; fp8
     /// within 7.5 %, 0.3 % on average; the same configuration's time varies by a few percent
-    /// from run to run).
+    /// from run to run). The fp8 128 x 192 entries were fitted later the same day with the others
+    /// held fixed (BENCHMARKS.md, "The fp8 128 x 192 tile").
     fn throughput(&self) -> f64 {
         if self.kind == GemmKind::Wgmma {
             return match (self.dtype, self.bm, self.bn) {
