@@ -32,16 +32,16 @@ if [[ "${NCU:-1}" == 1 ]] && command -v ncu > /dev/null; then
     sections="--section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis
         --section MemoryWorkloadAnalysis_Tables --section WarpStateStats --section SchedulerStats
         --section LaunchStats --section Occupancy"
+    profile() { # name, kernel regex, shape: the first launch of a matching kernel
+        # shellcheck disable=SC2086
+        ncu --clock-control none $sections --metrics sm__cycles_elapsed.avg.per_second \
+            -k regex:"$2" -c 1 \
+            "$DEV/oasr-quantize" bench-gemm --shapes "$3" --samples 1 > "$OUT/ncu-$1-${3%%,*}.txt" 2>&1
+    }
     for shape in 4096,4096,4096 8192,8192,8192; do
-        # shellcheck disable=SC2086
-        ncu --clock-control none $sections --metrics sm__cycles_elapsed.avg.per_second \
-            -k regex:'oasr_scaled_mm_wgmma_i8' -c 1 \
-            "$DEV/oasr-quantize" bench-gemm --shapes "$shape" --samples 1 > "$OUT/ncu-ours-${shape%%,*}.txt" 2>&1
+        profile ours 'oasr_scaled_mm_wgmma_i8' "$shape"
         # cuBLASLt's int8 kernel: the first kernel that is not ours (its raw int8 GEMM runs first).
-        # shellcheck disable=SC2086
-        ncu --clock-control none $sections --metrics sm__cycles_elapsed.avg.per_second \
-            -k regex:'^[^o]' -c 1 \
-            "$DEV/oasr-quantize" bench-gemm --shapes "$shape" --samples 1 > "$OUT/ncu-lt-${shape%%,*}.txt" 2>&1
+        profile lt '^[^o]' "$shape"
     done
     grep -h -E 'oasr_|sm90|Duration|SM Frequency|Compute \(SM\) Throughput|Memory Throughput|L2 Cache Throughput|Shared|Issue Slots Busy|Executed Ipc|Registers|Stall|No Eligible|Tensor' \
         "$OUT"/ncu-*.txt | head -200
