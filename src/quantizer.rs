@@ -8,8 +8,8 @@ use std::sync::Mutex;
 use crate::algorithms::static_inputs::{self, StaticInput, StaticInputOptions};
 use crate::algorithms::{self, rtn, smoothquant, WorkingTensors};
 use crate::calibration::{
-    self, AbsHistogram, AbsMaxObserver, CalibrationSet, HistogramObserver, HistogramTarget,
-    Manifest,
+    self, AbsHistogram, AbsMaxObserver, CalibrationSet, DecoderPass, HistogramObserver,
+    HistogramTarget, Manifest, Observed,
 };
 use crate::checkpoint::{
     self, Checkpoint, DType, NativeConfig, StagedDir, Tensor, TensorPlan, CONFIG_FILE, REPORT_FILE,
@@ -339,15 +339,20 @@ impl Quantizer {
             let set = CalibrationSet::select(&manifest, self.calib_utterances, t.sample_rate)?;
             files_read.push(manifest_path.clone());
             files_read.extend(set.utterances.iter().map(|u| u.audio.clone()));
+            // Pass 1's transcripts, so pass 2 scores them instead of decoding again.
+            let mut transcripts: Option<Vec<Vec<u32>>> = None;
             if let Some(alpha) = run_plan.alpha {
-                let observed: AbsMaxObserver = calibration_pass(
+                let pass: Observed<AbsMaxObserver> = calibration_pass(
                     &mut self.progress,
                     Stage::Calibrating,
                     &t,
                     &set,
+                    DecoderPass::Decode,
                     || FullPrecision,
                     AbsMaxObserver::default,
                 )?;
+                transcripts = Some(pass.tokens);
+                let observed = pass.observer;
                 // A group whose consumers all take a static scale migrates with its own α: a
                 // per-tensor scale suffers more from outlier channels than a per-token one.
                 let static_alpha = run_plan.static_alpha.unwrap_or(alpha);
@@ -392,14 +397,25 @@ impl Quantizer {
                     &smoothed
                 };
                 let smooth_inv = &smoothing.smooth_inv;
+                // Pass 2 runs the decoder only when it observes a layer there, and then scores
+                // pass 1's transcripts (the smoothed model computes the same function).
+                let decoder = if !targets.keys().any(|l| layout.in_decode_step(l)) {
+                    DecoderPass::Skip
+                } else if let Some(tokens) = &transcripts {
+                    DecoderPass::Tokens(tokens)
+                } else {
+                    DecoderPass::Decode
+                };
                 let observed: HistogramObserver = calibration_pass(
                     &mut self.progress,
                     Stage::CalibratingStatic,
                     model,
                     &set,
+                    decoder,
                     || smoothquant::RuntimeSmoothedExec { smooth_inv },
                     || HistogramObserver::new(&targets),
-                )?;
+                )?
+                .observer;
                 let empty = AbsHistogram::default();
                 for (layer, o) in &static_layers {
                     let hist = observed.histograms.get(layer).unwrap_or(&empty);
@@ -614,16 +630,17 @@ fn calibration_pass<O, E>(
     stage: Stage,
     t: &Transcriber,
     set: &CalibrationSet,
+    decoder: DecoderPass<'_>,
     exec: impl Fn() -> E + Sync,
     observer: impl Fn() -> O + Sync,
-) -> Result<O>
+) -> Result<Observed<O>>
 where
     O: calibration::Observer,
     E: crate::models::whisper::LinearExec,
 {
     let total = set.utterances.len() as u64;
     let sink = Mutex::new(progress);
-    calibration::observe_with(t, set, exec, observer, |done, _, id| {
+    calibration::observe_with(t, set, decoder, exec, observer, |done, _, id| {
         if let Some(f) = sink.lock().ok().as_deref_mut().and_then(|p| p.as_mut()) {
             f(&Progress {
                 stage,

@@ -10,7 +10,8 @@ use crate::checkpoint::Checkpoint;
 use crate::error::{Error, Result};
 use crate::frontend::{read_audio, WhisperFrontend};
 use crate::models::whisper::{
-    greedy, Decoded, DecodingRules, FullPrecision, LinearExec, Whisper, WhisperTokenizer,
+    decode_with_fallback, token_limit, Decoded, DecodingRules, Fallback, FullPrecision, LinearExec,
+    Whisper, WhisperTokenizer,
 };
 use crate::wer::{word_errors, WordErrors};
 
@@ -21,6 +22,8 @@ pub struct Transcriber {
     pub rules: DecodingRules,
     pub frontend: WhisperFrontend,
     pub sample_rate: u32,
+    /// The decoding safeguards (temperature fallback); [`Fallback::default`] as Whisper's own.
+    pub fallback: Fallback,
 }
 
 impl Transcriber {
@@ -54,6 +57,7 @@ impl Transcriber {
             rules,
             frontend,
             sample_rate,
+            fallback: Fallback::default(),
         })
     }
 
@@ -75,7 +79,8 @@ impl Transcriber {
         self.model.encode(exec, &mel.data, mel.n_mels, mel.frames)
     }
 
-    /// Greedy transcription of 16 kHz samples.
+    /// Transcription of 16 kHz samples with Whisper's safeguards: greedy, with temperature
+    /// fallback, up to [`token_limit`] tokens for the audio's length.
     pub fn decode(
         &self,
         exec: &mut dyn LinearExec,
@@ -83,7 +88,27 @@ impl Transcriber {
         keep_logits: bool,
     ) -> Result<Decoded> {
         let audio = self.encode(exec, samples)?;
-        greedy(&self.model, exec, &audio, &self.rules, keep_logits)
+        self.decode_encoded(exec, &audio, samples.len(), keep_logits)
+    }
+
+    /// [`Self::decode`] over an encoder output of `samples` audio samples.
+    pub fn decode_encoded(
+        &self,
+        exec: &mut dyn LinearExec,
+        audio: &candle_core::Tensor,
+        samples: usize,
+        keep_logits: bool,
+    ) -> Result<Decoded> {
+        decode_with_fallback(
+            &self.model,
+            exec,
+            audio,
+            &self.rules,
+            &self.tokenizer,
+            &self.fallback,
+            token_limit(samples, self.sample_rate),
+            keep_logits,
+        )
     }
 
     pub fn text(&self, tokens: &[u32]) -> Result<String> {

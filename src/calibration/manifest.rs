@@ -1,5 +1,6 @@
-//! Manifests: JSON lines `{"id", "audio", "text"?}`, audio paths relative to an audio root
-//! (default: the manifest's directory). Blank lines and `#` lines are skipped.
+//! Manifests: JSON lines `{"id", "audio", "text"?, "source"?}`, audio paths relative to an audio
+//! root (default: the manifest's directory). Blank lines and `#` lines are skipped. `source`
+//! names where an utterance comes from (a voice, a speaker set): reports break figures down by it.
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
@@ -16,6 +17,8 @@ pub struct Utterance {
     pub audio: PathBuf,
     /// The reference transcript, when the manifest has one.
     pub text: Option<String>,
+    /// Where the utterance comes from (reports break figures down by it); `None` when unnamed.
+    pub source: Option<String>,
     /// 1-based line in the manifest.
     pub line: usize,
 }
@@ -35,6 +38,8 @@ struct Line {
     audio: String,
     #[serde(default)]
     text: Option<String>,
+    #[serde(default)]
+    source: Option<String>,
 }
 
 impl Manifest {
@@ -56,8 +61,11 @@ impl Manifest {
                 continue;
             }
             let at = |message: String| Error::corrupt(path, format!("line {line}: {message}"));
-            let entry: Line = serde_json::from_str(trimmed)
-                .map_err(|e| at(format!("expected {{\"id\", \"audio\", \"text\"?}}: {e}")))?;
+            let entry: Line = serde_json::from_str(trimmed).map_err(|e| {
+                at(format!(
+                    "expected {{\"id\", \"audio\", \"text\"?, \"source\"?}}: {e}"
+                ))
+            })?;
             if entry.id.is_empty() {
                 return Err(at("empty id".into()));
             }
@@ -76,6 +84,7 @@ impl Manifest {
                 id: entry.id,
                 audio,
                 text: entry.text,
+                source: entry.source.filter(|s| !s.is_empty()),
                 line,
             });
         }

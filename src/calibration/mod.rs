@@ -11,4 +11,4 @@ pub use histogram::{
 };
 pub use manifest::{Manifest, Utterance};
 pub use observer::{AbsMaxObserver, Observer, ObservingExec};
-pub use run::{observe, observe_with, CalibrationSet, DEFAULT_UTTERANCES};
+pub use run::{observe, observe_with, CalibrationSet, DecoderPass, Observed, DEFAULT_UTTERANCES};

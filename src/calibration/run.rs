@@ -1,7 +1,7 @@
 //! The calibration set (a documented, recorded selection of a manifest) and the calibration loop:
 //! one utterance at a time (never padded into a batch) through the model's own frontend in fp32,
-//! the encoder, then the decoder driven by its own greedy decoding, with an observer on every
-//! GEMM input.
+//! the encoder, then the decoder scoring the model's own transcript (decoded with Whisper's
+//! safeguards), with an observer on every GEMM input.
 
 use std::sync::Mutex;
 
@@ -10,7 +10,7 @@ use rayon::prelude::*;
 use super::{Manifest, Observer, ObservingExec, Utterance};
 use crate::error::{Error, Result};
 use crate::format::CalibrationRecord;
-use crate::models::whisper::LinearExec;
+use crate::models::whisper::{teacher_forced, LinearExec};
 use crate::transcribe::Transcriber;
 
 /// The default number of calibration utterances.
@@ -64,6 +64,26 @@ impl CalibrationSet {
     }
 }
 
+/// What a calibration pass runs of the decoder.
+#[derive(Clone, Copy, Debug)]
+pub enum DecoderPass<'a> {
+    /// Decode each utterance with the model's safeguards (not observed), then observe the decoder
+    /// scoring the chosen transcript: the observers see the final transcript's steps only, never a
+    /// discarded attempt or a loop the fallback replaced.
+    Decode,
+    /// Observe the decoder scoring these transcripts (one per utterance of the set, in order),
+    /// from an earlier pass over the same model function.
+    Tokens(&'a [Vec<u32>]),
+    /// The encoder only: nothing the pass observes runs in the decoder.
+    Skip,
+}
+
+/// A pass's merged observer and each utterance's transcript (empty when the decoder was skipped).
+pub struct Observed<O> {
+    pub observer: O,
+    pub tokens: Vec<Vec<u32>>,
+}
+
 /// Runs every utterance of the set through the model, observing each GEMM input with a fresh
 /// observer per utterance and merging them. `exec` makes the GEMM executor (full precision, or a
 /// smoothed model for a second pass). `progress(done, total, id)` is called after each utterance,
@@ -78,33 +98,50 @@ where
     O: Observer + Default,
     E: LinearExec,
 {
-    observe_with(t, set, exec, O::default, progress)
+    observe_with(t, set, DecoderPass::Decode, exec, O::default, progress).map(|o| o.observer)
 }
 
 /// [`observe`] with observers made by `observer` (for observers that need configuration, such
-/// as the layers a [`HistogramObserver`](super::HistogramObserver) records). The merged result
-/// does not depend on the order utterances finish in, as long as the observer's merge is exact.
+/// as the layers a [`HistogramObserver`](super::HistogramObserver) records) and what to run of
+/// the decoder. The merged result does not depend on the order utterances finish in, as long as
+/// the observer's merge is exact.
 pub fn observe_with<O, E>(
     t: &Transcriber,
     set: &CalibrationSet,
+    decoder: DecoderPass<'_>,
     exec: impl Fn() -> E + Sync,
     observer: impl Fn() -> O + Sync,
     progress: impl Fn(usize, usize, &str) + Sync,
-) -> Result<O>
+) -> Result<Observed<O>>
 where
     O: Observer,
     E: LinearExec,
 {
+    if let DecoderPass::Tokens(tokens) = decoder {
+        if tokens.len() != set.utterances.len() {
+            return Err(Error::Model {
+                what: "calibration".into(),
+                message: format!(
+                    "{} transcripts for {} utterances",
+                    tokens.len(),
+                    set.utterances.len()
+                ),
+            });
+        }
+    }
     let total = set.utterances.len();
     let done = Mutex::new(0usize);
     let observed = set
         .utterances
         .par_iter()
-        .map(|u| {
+        .enumerate()
+        .map(|(i, u)| {
             let mut o = observer();
-            observe_one(
+            let tokens = observe_one(
                 t,
                 u,
+                i,
+                decoder,
                 &mut ObservingExec {
                     observer: &mut o,
                     inner: exec(),
@@ -117,22 +154,44 @@ where
             let mut n = done.lock().unwrap_or_else(|p| p.into_inner());
             *n += 1;
             progress(*n, total, &u.id);
-            Ok(o)
+            Ok((o, tokens))
         })
-        .collect::<Result<Vec<O>>>()?;
+        .collect::<Result<Vec<(O, Vec<u32>)>>>()?;
     let mut merged = observer();
-    for o in observed {
+    let mut tokens = Vec::with_capacity(observed.len());
+    for (o, t) in observed {
         merged.merge(o);
+        tokens.push(t);
     }
-    Ok(merged)
+    Ok(Observed {
+        observer: merged,
+        tokens,
+    })
 }
 
 /// One utterance, alone (never batched with others, so no batch padding): the model's own
-/// frontend, which for Whisper includes its 30 s window, the encoder, and greedy decoding with
-/// the model's own tokens. (Whisper fed only the content frames never emits end-of-text on short
+/// frontend, which for Whisper includes its 30 s window, the encoder, and the decoder over the
+/// model's own transcript. (Whisper fed only the content frames never emits end-of-text on short
 /// clips and would calibrate its decoder on 224 tokens of repetition; see docs/calibration.md.)
-fn observe_one(t: &Transcriber, u: &Utterance, exec: &mut dyn LinearExec) -> Result<()> {
+/// Scoring the transcript in one teacher-forced call shows the decoder's GEMMs the same rows as
+/// the step-by-step decoding did: the prompt, then each generated token.
+fn observe_one<O: Observer, E: LinearExec>(
+    t: &Transcriber,
+    u: &Utterance,
+    index: usize,
+    decoder: DecoderPass<'_>,
+    exec: &mut ObservingExec<'_, O, E>,
+) -> Result<Vec<u32>> {
     let samples = t.read(u)?;
-    t.decode(exec, &samples, false)?;
-    Ok(())
+    let audio = t.encode(exec, &samples)?;
+    let tokens = match decoder {
+        DecoderPass::Skip => return Ok(Vec::new()),
+        DecoderPass::Tokens(all) => all[index].clone(),
+        DecoderPass::Decode => {
+            t.decode_encoded(&mut exec.inner, &audio, samples.len(), false)?
+                .tokens
+        }
+    };
+    teacher_forced(&t.model, exec, &audio, &t.rules, &tokens)?;
+    Ok(tokens)
 }

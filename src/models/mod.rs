@@ -51,4 +51,14 @@ pub struct QuantizationLayout {
     pub kept_full_precision: Vec<(String, String)>,
     /// Layers whose rows must not depend on the batch they are computed in.
     pub batch_invariant: Vec<String>,
+    /// Layers that run inside an autoregressive decoder's step: a calibration pass that observes
+    /// none of them runs no decoder.
+    pub decode_step_layers: Vec<String>,
+}
+
+impl QuantizationLayout {
+    /// Whether `layer` runs inside the decoder's step.
+    pub fn in_decode_step(&self, layer: &str) -> bool {
+        self.decode_step_layers.iter().any(|l| l == layer)
+    }
 }

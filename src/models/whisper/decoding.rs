@@ -17,6 +17,7 @@ pub struct WhisperTokenizer {
     /// `<|endoftext|>`: every id from here on is a special token.
     pub eot: u32,
     pub no_timestamps: u32,
+    pub no_speech: Option<u32>,
 }
 
 impl WhisperTokenizer {
@@ -31,6 +32,9 @@ impl WhisperTokenizer {
         Ok(WhisperTokenizer {
             eot: id("<|endoftext|>")?,
             no_timestamps: id("<|notimestamps|>")?,
+            no_speech: ["<|nospeech|>", "<|nocaptions|>"]
+                .iter()
+                .find_map(|t| inner.token_to_id(t)),
             inner,
         })
     }
@@ -58,6 +62,8 @@ pub struct DecodingRules {
     suppress_at_begin: HashSet<u32>,
     /// Timestamp tokens start here and are always suppressed (no-timestamps decoding).
     timestamp_begin: u32,
+    /// `<|nospeech|>` (`<|nocaptions|>` in older tokenizers), when the vocabulary has it.
+    pub no_speech: Option<u32>,
 }
 
 impl DecodingRules {
@@ -85,6 +91,7 @@ impl DecodingRules {
             suppress: c.suppress_tokens.iter().copied().collect(),
             suppress_at_begin: c.begin_suppress_tokens.iter().copied().collect(),
             timestamp_begin: tokenizer.no_timestamps + 1,
+            no_speech: tokenizer.no_speech,
         })
     }
 
@@ -96,12 +103,217 @@ impl DecodingRules {
     }
 }
 
-/// A greedy decoding: the generated tokens (without prompt and end-of-text) and, when asked, the
-/// raw logits of every step (including the step that chose end-of-text).
+/// A decoding: the generated tokens (without prompt and end-of-text) and, when asked, the raw
+/// logits of every step (including the step that chose end-of-text), with the figures the
+/// fallback rule judges it by.
 #[derive(Debug, Clone, Default)]
 pub struct Decoded {
     pub tokens: Vec<u32>,
     pub step_logits: Vec<Vec<f32>>,
+    /// The temperature that produced these tokens (0: greedy).
+    pub temperature: f32,
+    /// Mean log-probability of the chosen tokens, end-of-text included (Whisper's `avg_logprob`).
+    pub avg_logprob: f64,
+    /// Bytes of the text over bytes of its zlib compression (Whisper's `compression_ratio`).
+    pub compression_ratio: f64,
+    /// Probability of the no-speech token after start-of-transcript.
+    pub no_speech_prob: f64,
+    /// The decoding stopped at the token limit, not at end-of-text.
+    pub hit_limit: bool,
+    /// Decodings run to get here (1 when the greedy one passed).
+    pub attempts: usize,
+}
+
+/// Whisper's decoding safeguards (OpenAI `transcribe.py`, faster-whisper): greedy first, then
+/// sampling at rising temperatures while a decoding looks like a failure.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Fallback {
+    /// Tried in order; 0 is greedy.
+    pub temperatures: Vec<f32>,
+    /// A decoding whose text compresses better than this is repetitive: retry.
+    pub compression_ratio_threshold: f64,
+    /// A decoding whose mean token log-probability is below this is unsure: retry.
+    pub logprob_threshold: f64,
+    /// ... unless the window is silence (no-speech probability above this), which no
+    /// temperature fixes.
+    pub no_speech_threshold: f64,
+    /// Samples drawn per temperature above 0; the most likely one is kept.
+    pub best_of: usize,
+    /// Seed of the sampler: every utterance starts from it, so results are deterministic.
+    pub seed: u64,
+}
+
+impl Default for Fallback {
+    fn default() -> Self {
+        Fallback {
+            temperatures: vec![0.0, 0.2, 0.4, 0.6, 0.8, 1.0],
+            compression_ratio_threshold: 2.4,
+            logprob_threshold: -1.0,
+            no_speech_threshold: 0.6,
+            best_of: 5,
+            seed: 0x5eed,
+        }
+    }
+}
+
+impl Fallback {
+    /// Greedy only: no retries.
+    pub fn greedy_only() -> Self {
+        Fallback {
+            temperatures: vec![0.0],
+            ..Fallback::default()
+        }
+    }
+
+    fn needs_retry(&self, d: &Decoded) -> bool {
+        let failed = d.hit_limit
+            || d.compression_ratio > self.compression_ratio_threshold
+            || d.avg_logprob < self.logprob_threshold;
+        let silence =
+            d.no_speech_prob > self.no_speech_threshold && d.avg_logprob < self.logprob_threshold;
+        failed && !silence
+    }
+}
+
+/// Tokens a decoding of `samples` audio samples at `sample_rate` may generate: 24 plus 12 per
+/// second of audio, at most [`MAX_NEW_TOKENS`]. Read speech runs at 2–4 tokens a second (the
+/// densest clip of the gate sets, a spelled word, at 6.4); a decoding that needs more is looping.
+pub fn token_limit(samples: usize, sample_rate: u32) -> usize {
+    let seconds = samples as f64 / f64::from(sample_rate.max(1));
+    (24 + (12.0 * seconds).ceil() as usize).min(MAX_NEW_TOKENS)
+}
+
+/// SplitMix64: a tiny, fixed PRNG, so sampled decodings do not depend on a crate's generator.
+struct SplitMix64(u64);
+
+impl SplitMix64 {
+    fn next_f64(&mut self) -> f64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^= z >> 31;
+        (z >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+/// log-softmax of the allowed entries of `row` at `temperature` (1 when 0), as f64; disallowed
+/// entries get −∞.
+fn log_softmax_allowed(row: &[f32], allowed: impl Fn(usize) -> bool, temperature: f32) -> Vec<f64> {
+    let t = if temperature > 0.0 {
+        f64::from(temperature)
+    } else {
+        1.0
+    };
+    let scaled: Vec<f64> = row
+        .iter()
+        .enumerate()
+        .map(|(i, v)| {
+            if allowed(i) && v.is_finite() {
+                f64::from(*v) / t
+            } else {
+                f64::NEG_INFINITY
+            }
+        })
+        .collect();
+    let max = scaled.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    if max == f64::NEG_INFINITY {
+        return scaled;
+    }
+    let sum: f64 = scaled.iter().map(|v| (v - max).exp()).sum();
+    let log_sum = max + sum.ln();
+    scaled.into_iter().map(|v| v - log_sum).collect()
+}
+
+/// Bytes of `text` over bytes of its zlib stream at level 6 (Python's `zlib.compress` default;
+/// miniz's stream can differ from zlib's by a few bytes).
+pub fn compression_ratio(text: &str) -> f64 {
+    let bytes = text.as_bytes();
+    if bytes.is_empty() {
+        return 0.0;
+    }
+    let compressed = miniz_oxide::deflate::compress_to_vec_zlib(bytes, 6);
+    bytes.len() as f64 / compressed.len().max(1) as f64
+}
+
+/// One decoding over an encoder output at `temperature` (0: greedy arg-max; above: sampling from
+/// the softmax of logits / temperature with `rng`), up to `limit` tokens.
+#[allow(clippy::too_many_arguments)]
+fn decode_once(
+    model: &Whisper,
+    exec: &mut dyn LinearExec,
+    audio: &Tensor,
+    rules: &DecodingRules,
+    limit: usize,
+    temperature: f32,
+    rng: &mut SplitMix64,
+    keep_logits: bool,
+) -> Result<Decoded> {
+    let mut state = model.start_decoder(exec, audio)?;
+    let mut out = Decoded {
+        temperature,
+        hit_limit: true,
+        attempts: 1,
+        ..Decoded::default()
+    };
+    let mut input = rules.prompt.clone();
+    let mut sum_logprob = 0f64;
+    for step in 0..limit {
+        let logits = model.decode(exec, &mut state, &input)?;
+        let mut rows = logits_rows(&logits)?;
+        if step == 0 {
+            // The row after start-of-transcript scores "no speech" (over the whole vocabulary).
+            if let (Some(first), Some(ns)) = (rows.first(), rules.no_speech) {
+                let lp = log_softmax_allowed(first, |_| true, 1.0);
+                out.no_speech_prob = lp.get(ns as usize).map_or(0.0, |v| v.exp());
+            }
+        }
+        let last = rows.pop().unwrap_or_default();
+        let allowed = |i| rules.allowed(i, step == 0);
+        let logprobs = log_softmax_allowed(&last, allowed, 1.0);
+        let next = if temperature > 0.0 {
+            sample(&log_softmax_allowed(&last, allowed, temperature), rng)
+        } else {
+            argmax_allowed(&last, allowed)
+        }
+        .unwrap_or(rules.eot);
+        sum_logprob += logprobs
+            .get(next as usize)
+            .copied()
+            .filter(|v| v.is_finite())
+            .unwrap_or(-1e4);
+        if keep_logits {
+            out.step_logits.push(last);
+        }
+        if next == rules.eot {
+            out.hit_limit = false;
+            break;
+        }
+        if state.position >= model.config.max_target_positions {
+            break;
+        }
+        out.tokens.push(next);
+        input = vec![next];
+    }
+    out.avg_logprob = sum_logprob / (out.tokens.len() + 1) as f64;
+    Ok(out)
+}
+
+/// Draws an index from log-probabilities.
+fn sample(logprobs: &[f64], rng: &mut SplitMix64) -> Option<u32> {
+    let u = rng.next_f64();
+    let mut acc = 0.0;
+    let mut last = None;
+    for (i, lp) in logprobs.iter().enumerate() {
+        if lp.is_finite() {
+            acc += lp.exp();
+            last = Some(i as u32);
+            if u < acc {
+                return last;
+            }
+        }
+    }
+    last
 }
 
 /// Greedy decoding over an encoder output: stops at end-of-text or [`MAX_NEW_TOKENS`].
@@ -112,23 +324,91 @@ pub fn greedy(
     rules: &DecodingRules,
     keep_logits: bool,
 ) -> Result<Decoded> {
-    let mut state = model.start_decoder(exec, audio)?;
-    let mut out = Decoded::default();
-    let mut input = rules.prompt.clone();
-    for step in 0..MAX_NEW_TOKENS {
-        let logits = model.decode(exec, &mut state, &input)?;
-        let last = logits_rows(&logits)?.pop().unwrap_or_default();
-        let next = argmax_allowed(&last, |i| rules.allowed(i, step == 0)).unwrap_or(rules.eot);
-        if keep_logits {
-            out.step_logits.push(last);
+    let mut rng = SplitMix64(0);
+    decode_once(
+        model,
+        exec,
+        audio,
+        rules,
+        MAX_NEW_TOKENS,
+        0.0,
+        &mut rng,
+        keep_logits,
+    )
+}
+
+/// Decoding with Whisper's safeguards: greedy, then while the result looks like a failure (it
+/// reached `limit`, its text compresses more than the threshold, or its mean log-probability is
+/// below the threshold, unless the window is silence) the next temperature, keeping the most
+/// likely of `best_of` seeded samples. When every temperature fails, the most likely decoding
+/// among those under the compression threshold (or among all) is kept, as faster-whisper does.
+#[allow(clippy::too_many_arguments)]
+pub fn decode_with_fallback(
+    model: &Whisper,
+    exec: &mut dyn LinearExec,
+    audio: &Tensor,
+    rules: &DecodingRules,
+    tokenizer: &WhisperTokenizer,
+    fallback: &Fallback,
+    limit: usize,
+    keep_logits: bool,
+) -> Result<Decoded> {
+    let mut rng = SplitMix64(fallback.seed);
+    let mut tried: Vec<Decoded> = Vec::new();
+    let mut attempts = 0;
+    for &temperature in &fallback.temperatures {
+        let draws = if temperature > 0.0 {
+            fallback.best_of.max(1)
+        } else {
+            1
+        };
+        let mut best: Option<Decoded> = None;
+        for _ in 0..draws {
+            let mut d = decode_once(
+                model,
+                exec,
+                audio,
+                rules,
+                limit,
+                temperature,
+                &mut rng,
+                keep_logits,
+            )?;
+            attempts += 1;
+            d.compression_ratio = compression_ratio(&tokenizer.decode(&d.tokens)?);
+            // Whisper ranks samples by their summed log-probability over their length.
+            let score = |d: &Decoded| {
+                d.avg_logprob * (d.tokens.len() + 1) as f64 / d.tokens.len().max(1) as f64
+            };
+            if best.as_ref().is_none_or(|b| score(&d) > score(b)) {
+                best = Some(d);
+            }
         }
-        if next == rules.eot || state.position >= model.config.max_target_positions {
-            break;
+        let Some(mut d) = best else { continue };
+        d.attempts = attempts;
+        if !fallback.needs_retry(&d) {
+            return Ok(d);
         }
-        out.tokens.push(next);
-        input = vec![next];
+        tried.push(d);
     }
-    Ok(out)
+    let threshold = fallback.compression_ratio_threshold;
+    let pick = |pool: Vec<Decoded>| {
+        pool.into_iter()
+            .max_by(|a, b| a.avg_logprob.total_cmp(&b.avg_logprob))
+    };
+    let below: Vec<Decoded> = tried
+        .iter()
+        .filter(|d| d.compression_ratio <= threshold && !d.hit_limit)
+        .cloned()
+        .collect();
+    let mut chosen = if below.is_empty() {
+        pick(tried)
+    } else {
+        pick(below)
+    }
+    .unwrap_or_default();
+    chosen.attempts = attempts;
+    Ok(chosen)
 }
 
 /// Scores a given token sequence: the logits the model gives at each step when fed the prompt

@@ -186,5 +186,11 @@ pub fn quantization_layout(c: &WhisperConfig) -> QuantizationLayout {
         .filter(|x| x.kind == ModuleKind::Linear)
         .map(|x| x.name.clone())
         .collect();
+    l.decode_step_layers = l
+        .layers
+        .iter()
+        .filter(|x| x.name.starts_with("decoder."))
+        .map(|x| x.name.clone())
+        .collect();
     l
 }

@@ -6,7 +6,10 @@ pub mod forward;
 mod layout;
 
 pub use config::WhisperConfig;
-pub use decoding::{greedy, teacher_forced, Decoded, DecodingRules, WhisperTokenizer};
+pub use decoding::{
+    decode_with_fallback, greedy, teacher_forced, token_limit, Decoded, DecodingRules, Fallback,
+    WhisperTokenizer,
+};
 pub use forward::{FullPrecision, Linear, LinearExec, Whisper};
 pub use layout::{expected_tensors, quantization_layout};
 
