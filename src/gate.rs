@@ -1,6 +1,8 @@
 //! The WER gate: regenerates every gated checkpoint from its recipe and calibration manifest,
-//! verifies it on the gate manifest, and fails when a WER exceeds its recorded reference plus the
-//! tolerance. References are recorded only on request ([`record`]), never automatically.
+//! verifies it on each evaluation set (an in-domain set of the calibration's voice, a
+//! cross-domain set of voices and sources calibration never heard), and fails when a WER exceeds
+//! its recorded reference plus the tolerance, or a logit-agreement floor is missed. References are
+//! recorded only on request ([`record`]), never automatically.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -25,12 +27,19 @@ pub const DEFAULT_TOLERANCE: f64 = 0.3;
 struct GateFile {
     model: String,
     calib_manifest: String,
-    gate_manifest: String,
+    /// Evaluation sets by name, each a manifest; run in name order.
+    sets: BTreeMap<String, SetFile>,
     #[serde(default = "default_tolerance")]
     tolerance: f64,
     profiles: BTreeMap<String, Profile>,
     #[serde(rename = "entry")]
     entries: Vec<GateEntry>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SetFile {
+    manifest: String,
 }
 
 fn default_tolerance() -> f64 {
@@ -41,10 +50,12 @@ fn default_tolerance() -> f64 {
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Profile {
-    /// The first N utterances of the gate manifest (all when absent).
+    /// The first N utterances of each set's manifest (all when absent).
     pub gate_utterances: Option<usize>,
     /// Calibration utterances for the recipes that calibrate (the recipe default when absent).
     pub calib_utterances: Option<usize>,
+    /// The sets this profile verifies on (all when absent).
+    pub sets: Option<Vec<String>>,
 }
 
 /// One gated checkpoint.
@@ -61,11 +72,25 @@ pub struct GateEntry {
     /// `--ignore` globs.
     #[serde(default)]
     pub ignore: Vec<String>,
-    /// A floor on the teacher-forced logit cosine mean, checked alongside the WER.
-    pub min_cosine: Option<f64>,
-    /// Recorded quantized WER (percent) per profile.
+    /// Floors on the teacher-forced logit cosine mean, per set.
     #[serde(default)]
-    pub reference_wer: BTreeMap<String, f64>,
+    pub min_cosine: BTreeMap<String, f64>,
+    /// Floors on the worst teacher-forced step's cosine, per set.
+    #[serde(default)]
+    pub min_step_cosine: BTreeMap<String, f64>,
+    /// Another entry whose teacher-forced cosine mean this one must reach on every set (a
+    /// calibrated recipe is never worse than plain RTN); checked when both run.
+    pub not_below: Option<String>,
+    /// Recorded quantized WER (percent) per profile, then per set.
+    #[serde(default)]
+    pub reference_wer: BTreeMap<String, BTreeMap<String, f64>>,
+}
+
+/// One evaluation set of a gate.
+#[derive(Clone, Debug)]
+pub struct GateSet {
+    pub name: String,
+    pub manifest: PathBuf,
 }
 
 /// A loaded gate: paths resolved, profiles and entries checked.
@@ -74,7 +99,8 @@ pub struct GateConfig {
     pub path: PathBuf,
     pub model: PathBuf,
     pub calib_manifest: PathBuf,
-    pub gate_manifest: PathBuf,
+    /// In name order.
+    pub sets: Vec<GateSet>,
     /// WER percentage points a checkpoint may exceed its reference by.
     pub tolerance: f64,
     pub profiles: BTreeMap<String, Profile>,
@@ -94,40 +120,81 @@ impl GateConfig {
                 expand(value).map_err(|m| Error::corrupt(path, format!("`{key}`: {m}")))?;
             Ok(base.join(expanded))
         };
+        let bad = |message: String| Error::corrupt(path, message);
         if !(file.tolerance.is_finite() && file.tolerance >= 0.0) {
-            return Err(Error::corrupt(
-                path,
-                "`tolerance` must be a non-negative number of WER points",
+            return Err(bad(
+                "`tolerance` must be a non-negative number of WER points".into(),
             ));
         }
         if file.profiles.is_empty() {
-            return Err(Error::corrupt(path, "no [profiles.NAME] table"));
+            return Err(bad("no [profiles.NAME] table".into()));
+        }
+        if file.sets.is_empty() {
+            return Err(bad("no [sets.NAME] table (an evaluation manifest)".into()));
+        }
+        let known_set = |set: &str, what: &str| {
+            if file.sets.contains_key(set) {
+                Ok(())
+            } else {
+                Err(bad(format!("{what} names unknown set `{set}`")))
+            }
+        };
+        for (name, p) in &file.profiles {
+            for set in p.sets.iter().flatten() {
+                known_set(set, &format!("profile `{name}`"))?;
+            }
         }
         let mut names = std::collections::BTreeSet::new();
         for e in &file.entries {
             if !names.insert(e.name.as_str()) {
-                return Err(Error::corrupt(
-                    path,
-                    format!("entry `{}` appears twice", e.name),
-                ));
+                return Err(bad(format!("entry `{}` appears twice", e.name)));
             }
-            for profile in e.reference_wer.keys() {
+        }
+        for e in &file.entries {
+            let what = format!("entry `{}`", e.name);
+            for (profile, sets) in &e.reference_wer {
                 if !file.profiles.contains_key(profile) {
-                    return Err(Error::corrupt(
-                        path,
-                        format!(
-                            "entry `{}` records a reference for unknown profile `{profile}`",
-                            e.name
-                        ),
-                    ));
+                    return Err(bad(format!(
+                        "{what} records a reference for unknown profile `{profile}`"
+                    )));
+                }
+                for set in sets.keys() {
+                    known_set(set, &what)?;
+                }
+            }
+            for floors in [&e.min_cosine, &e.min_step_cosine] {
+                for (set, floor) in floors {
+                    known_set(set, &what)?;
+                    if !(floor.is_finite() && *floor <= 1.0) {
+                        return Err(bad(format!(
+                            "{what}: floor {floor} for `{set}` is not a cosine"
+                        )));
+                    }
+                }
+            }
+            if let Some(other) = &e.not_below {
+                if other == &e.name || !names.contains(other.as_str()) {
+                    return Err(bad(format!(
+                        "{what}: `not_below` names `{other}`, which is not another entry"
+                    )));
                 }
             }
         }
+        let sets = file
+            .sets
+            .iter()
+            .map(|(name, set)| {
+                Ok(GateSet {
+                    name: name.clone(),
+                    manifest: resolve(&format!("sets.{name}.manifest"), &set.manifest)?,
+                })
+            })
+            .collect::<Result<_>>()?;
         Ok(GateConfig {
             path: path.to_path_buf(),
             model: resolve("model", &file.model)?,
             calib_manifest: resolve("calib_manifest", &file.calib_manifest)?,
-            gate_manifest: resolve("gate_manifest", &file.gate_manifest)?,
+            sets,
             tolerance: file.tolerance,
             profiles: file.profiles,
             entries: file.entries,
@@ -183,7 +250,7 @@ pub struct GateOptions {
 #[derive(Clone, Debug)]
 pub struct GateProgress<'a> {
     pub entry: &'a str,
-    pub stage: &'static str,
+    pub stage: &'a str,
     pub done: u64,
     pub total: u64,
 }
@@ -191,21 +258,24 @@ pub struct GateProgress<'a> {
 /// Receives progress from every stage of a gate run.
 pub type GateProgressFn = Arc<dyn Fn(&GateProgress) + Send + Sync>;
 
-/// One entry's result.
+/// One entry's result on one set.
 #[derive(Clone, Debug, Serialize)]
 pub struct GateResult {
     pub name: String,
     pub recipe: String,
+    /// The evaluation set.
+    pub set: String,
     pub checkpoint: PathBuf,
     /// Percent.
     pub wer_full_precision: f64,
     /// Percent.
     pub wer_quantized: f64,
-    /// The recorded reference for this profile (percent), if any.
+    /// The recorded reference for this profile and set (percent), if any.
     pub reference_wer: Option<f64>,
     pub min_cosine: Option<f64>,
+    pub min_step_cosine: Option<f64>,
     pub quantize_seconds: f64,
-    /// Why the entry fails; empty when it passes.
+    /// Why the entry fails on this set; empty when it passes.
     pub failures: Vec<String>,
     pub verify: VerifyReport,
 }
@@ -221,8 +291,10 @@ impl GateResult {
 pub struct GateReport {
     pub gate: PathBuf,
     pub profile: String,
-    pub gate_utterances: usize,
+    /// Utterances verified per set.
+    pub gate_utterances: BTreeMap<String, usize>,
     pub tolerance: f64,
+    /// Per entry, then per set.
     pub results: Vec<GateResult>,
 }
 
@@ -262,9 +334,25 @@ pub fn run_gate(
             ));
         }
     }
-    let manifest = Manifest::read(&config.gate_manifest, None)?;
     let limit = profile.gate_utterances;
-    let gate_utterances = limit.unwrap_or(usize::MAX).min(manifest.utterances.len());
+    let mut sets = Vec::new();
+    for set in &config.sets {
+        if profile
+            .sets
+            .as_ref()
+            .is_some_and(|s| !s.contains(&set.name))
+        {
+            continue;
+        }
+        sets.push((set, Manifest::read(&set.manifest, None)?));
+    }
+    let gate_utterances = sets
+        .iter()
+        .map(|(set, m)| {
+            let n = limit.unwrap_or(usize::MAX).min(m.utterances.len());
+            (set.name.clone(), n)
+        })
+        .collect();
     std::fs::create_dir_all(&options.work_dir).map_err(|e| Error::io(&options.work_dir, e))?;
     let mut results = Vec::new();
     for entry in &config.entries {
@@ -281,31 +369,36 @@ pub fn run_gate(
             .and_then(Quantizer::run)
             .map_err(in_entry)?;
         let quantize_seconds = started.elapsed().as_secs_f64();
-        let report = verify(
-            &dst,
-            &config.model,
-            &manifest,
-            limit,
-            options.served,
-            |done, total, _| {
-                progress(&GateProgress {
-                    entry: &entry.name,
-                    stage: "verifying",
-                    done: done as u64,
-                    total: total as u64,
-                })
-            },
-        )
-        .map_err(in_entry)?;
-        results.push(judge(
-            entry,
-            &options.profile,
-            config.tolerance,
-            dst,
-            quantize_seconds,
-            report,
-        ));
+        for (set, manifest) in &sets {
+            let stage = format!("verifying {}", set.name);
+            let report = verify(
+                &dst,
+                &config.model,
+                manifest,
+                limit,
+                options.served,
+                |done, total, _| {
+                    progress(&GateProgress {
+                        entry: &entry.name,
+                        stage: &stage,
+                        done: done as u64,
+                        total: total as u64,
+                    })
+                },
+            )
+            .map_err(in_entry)?;
+            results.push(judge(
+                entry,
+                &set.name,
+                &options.profile,
+                config.tolerance,
+                dst.clone(),
+                quantize_seconds,
+                report,
+            ));
+        }
     }
+    compare_baselines(config, &mut results);
     Ok(GateReport {
         gate: config.path.clone(),
         profile: options.profile.clone(),
@@ -313,6 +406,33 @@ pub fn run_gate(
         tolerance: config.tolerance,
         results,
     })
+}
+
+/// The `not_below` rule: an entry's teacher-forced cosine mean on a set must reach its
+/// baseline entry's on the same set (when both ran).
+fn compare_baselines(config: &GateConfig, results: &mut [GateResult]) {
+    let mean_of = |results: &[GateResult], entry: &str, set: &str| {
+        results
+            .iter()
+            .find(|r| r.name == entry && r.set == set)
+            .map(|r| r.verify.teacher_forced.cosine_mean)
+    };
+    for i in 0..results.len() {
+        let Some(entry) = config.entries.iter().find(|e| e.name == results[i].name) else {
+            continue;
+        };
+        let Some(baseline) = &entry.not_below else {
+            continue;
+        };
+        let mine = results[i].verify.teacher_forced.cosine_mean;
+        if let Some(theirs) = mean_of(results, baseline, &results[i].set) {
+            if below(mine, theirs) {
+                results[i].failures.push(format!(
+                    "teacher-forced logit cosine {mine:.6} is below `{baseline}`'s {theirs:.6}"
+                ));
+            }
+        }
+    }
 }
 
 fn quantizer_for(
@@ -352,9 +472,10 @@ fn quantizer_for(
     }))
 }
 
-/// Compares one verify report with the entry's recorded reference and floors.
+/// Compares one verify report with the entry's recorded reference and floors for its set.
 fn judge(
     entry: &GateEntry,
+    set: &str,
     profile: &str,
     tolerance: f64,
     checkpoint: PathBuf,
@@ -366,14 +487,18 @@ fn judge(
         percent(report.wer_full_precision),
         percent(report.wer_quantized),
     );
-    let reference = entry.reference_wer.get(profile).copied();
+    let reference = entry
+        .reference_wer
+        .get(profile)
+        .and_then(|sets| sets.get(set))
+        .copied();
     let mut failures = Vec::new();
     if report.wer_quantized.is_none() {
-        failures.push("the gate manifest has no `text`, so there is no WER".to_string());
+        failures.push(format!("set `{set}` has no `text`, so there is no WER"));
     }
     match reference {
         None => failures.push(format!(
-            "no reference WER recorded for profile `{profile}` (record one with --record)"
+            "no reference WER recorded for profile `{profile}`, set `{set}` (record one with --record)"
         )),
         Some(r) if wer_q.is_nan() || wer_q > r + tolerance => failures.push(format!(
             "WER {wer_q:.2}% exceeds the reference {r:.2}% + {tolerance:.2}"
@@ -383,22 +508,37 @@ fn judge(
     if report.nonfinite > 0 {
         failures.push(format!("{} non-finite values", report.nonfinite));
     }
-    if let Some(floor) = entry.min_cosine {
-        let c = report.teacher_forced.cosine_mean;
-        if below(c, floor) {
+    let (min_cosine, min_step_cosine) = (
+        entry.min_cosine.get(set).copied(),
+        entry.min_step_cosine.get(set).copied(),
+    );
+    let tf = &report.teacher_forced;
+    if let Some(floor) = min_cosine {
+        if below(tf.cosine_mean, floor) {
             failures.push(format!(
-                "teacher-forced logit cosine {c:.6} is below {floor}"
+                "teacher-forced logit cosine {:.6} is below {floor}",
+                tf.cosine_mean
+            ));
+        }
+    }
+    if let Some(floor) = min_step_cosine {
+        if below(tf.cosine_min, floor) {
+            failures.push(format!(
+                "worst teacher-forced step's cosine {:.6} is below {floor}",
+                tf.cosine_min
             ));
         }
     }
     GateResult {
         name: entry.name.clone(),
         recipe: entry.recipe.clone(),
+        set: set.to_string(),
         checkpoint,
         wer_full_precision: wer_fp,
         wer_quantized: wer_q,
         reference_wer: reference,
-        min_cosine: entry.min_cosine,
+        min_cosine,
+        min_step_cosine,
         quantize_seconds,
         failures,
         verify: report,
@@ -418,19 +558,24 @@ pub fn record(config: &GateConfig, profile: &str, results: &[GateResult]) -> Res
         if r.verify.nonfinite > 0 || !r.wer_quantized.is_finite() {
             return Err(Error::option(
                 "--record",
-                format!("entry `{}` has no valid WER to record", r.name),
+                format!(
+                    "entry `{}` has no valid WER to record on `{}`",
+                    r.name, r.set
+                ),
             ));
         }
-        if let Some(floor) = r.min_cosine {
-            if below(r.verify.teacher_forced.cosine_mean, floor) {
-                return Err(Error::option(
-                    "--record",
-                    format!(
-                        "entry `{}` misses its cosine floor {floor}; fix it before recording",
-                        r.name
-                    ),
-                ));
-            }
+        let missed = r
+            .failures
+            .iter()
+            .find(|f| !f.starts_with("WER ") && !f.starts_with("no reference"));
+        if let Some(why) = missed {
+            return Err(Error::option(
+                "--record",
+                format!(
+                    "entry `{}` on `{}`: {why}; fix it before recording",
+                    r.name, r.set
+                ),
+            ));
         }
     }
     let path = &config.path;
@@ -447,18 +592,24 @@ pub fn record(config: &GateConfig, profile: &str, results: &[GateResult]) -> Res
             .iter_mut()
             .find(|t| t.get("name").and_then(|n| n.as_str()) == Some(r.name.as_str()))
             .ok_or_else(|| Error::corrupt(path, format!("entry `{}` is gone", r.name)))?;
-        let refs = table
-            .entry("reference_wer")
-            .or_insert_with(|| toml_edit::Item::Table(toml_edit::Table::new()));
-        let refs = refs.as_table_like_mut().ok_or_else(|| {
+        let not_table = || {
             Error::corrupt(
                 path,
-                format!("entry `{}`: reference_wer is not a table", r.name),
+                format!("entry `{}`: reference_wer.{profile} is not a table", r.name),
             )
-        })?;
+        };
+        let refs = table
+            .entry("reference_wer")
+            .or_insert_with(|| toml_edit::Item::Table(toml_edit::Table::new()))
+            .as_table_like_mut()
+            .ok_or_else(not_table)?
+            .entry(profile)
+            .or_insert_with(|| toml_edit::Item::Table(toml_edit::Table::new()))
+            .as_table_like_mut()
+            .ok_or_else(not_table)?;
         // Two decimals: the WER of a few hundred words moves in steps far larger than that.
         let value = (r.wer_quantized * 100.0).round() / 100.0;
-        refs.insert(profile, toml_edit::value(value));
+        refs.insert(&r.set, toml_edit::value(value));
     }
     let tmp = path.with_extension("toml.tmp");
     std::fs::write(&tmp, doc.to_string()).map_err(|e| Error::io(&tmp, e))?;

@@ -473,6 +473,20 @@ fn transcribe(checkpoint: PathBuf, run: ManifestRun) -> Result<()> {
             report.utterances.len()
         );
     }
+    if report.word_errors_by_source.len() > 1 {
+        for (source, e) in &report.word_errors_by_source {
+            println!(
+                "  {source}: WER {:.2}% ({} / {} words)",
+                e.rate() * 100.0,
+                e.errors,
+                e.words
+            );
+        }
+    }
+    println!(
+        "decoding fallback on {} utterances; {} stopped at the token limit",
+        report.fallbacks, report.hit_token_limit
+    );
     println!(
         "{:.2} utterances/s ({:.1} s)",
         report.utterances_per_second, report.seconds
@@ -515,14 +529,37 @@ fn verify(
         ("teacher-forced", &report.teacher_forced),
     ] {
         println!(
-            "{name:>15}: logit cosine mean {:.6} min {:.6}, top-1 agreement {:.2}% over {} steps",
+            "{name:>15}: logit cosine mean {:.6} min {:.6}, centred {:.6} min {:.6}, KL mean {:.2e} max {:.2e}, top-1 agreement {:.2}% over {} steps",
             a.cosine_mean,
             a.cosine_min,
+            a.centered_cosine_mean,
+            a.centered_cosine_min,
+            a.kl_mean,
+            a.kl_max,
             a.top1_agreement * 100.0,
             a.steps
         );
     }
     println!("non-finite values: {}", report.nonfinite);
+    if report.by_source.len() > 1 {
+        println!(
+            "{:<24} {:>5} {:>8} {:>8} {:>10} {:>10} {:>10} {:>9}",
+            "source", "utts", "WER fp", "WER q", "tf cos", "tf min", "centred", "KL mean"
+        );
+        for (source, f) in &report.by_source {
+            let tf = &f.teacher_forced;
+            println!(
+                "{source:<24} {:>5} {:>8} {:>8} {:>10.6} {:>10.6} {:>10.6} {:>9.2e}",
+                f.utterances,
+                pct(f.wer_full_precision),
+                pct(f.wer_quantized),
+                tf.cosine_mean,
+                tf.cosine_min,
+                tf.centered_cosine_mean,
+                tf.kl_mean
+            );
+        }
+    }
     println!(
         "{:.2} utterances/s (both models, {:.1} s)",
         report.utterances_per_second, report.seconds
@@ -589,16 +626,30 @@ fn gate(args: GateArgs) -> Result<()> {
         let _ = std::fs::remove_dir_all(&work_dir);
     }
     let report = result?;
+    let sizes: Vec<String> = report
+        .gate_utterances
+        .iter()
+        .map(|(set, n)| format!("{set} {n}"))
+        .collect();
     println!(
-        "gate {} (profile {}): {} utterances, tolerance {:.2} WER points",
+        "gate {} (profile {}): utterances {}, tolerance {:.2} WER points",
         config.path.display(),
         report.profile,
-        report.gate_utterances,
+        sizes.join(", "),
         report.tolerance
     );
     println!(
-        "{:<24} {:>7} {:>7} {:>7} {:>7}  {:>9} {:>9} {:>7}  result",
-        "entry", "WER fp", "WER q", "ref", "q - fp", "cos mean", "cos min", "top-1"
+        "{:<24} {:<13} {:>7} {:>7} {:>7} {:>7}  {:>9} {:>9} {:>9} {:>7}  result",
+        "entry",
+        "set",
+        "WER fp",
+        "WER q",
+        "ref",
+        "q - fp",
+        "cos mean",
+        "cos min",
+        "centred",
+        "top-1"
     );
     for r in &report.results {
         let reference = r
@@ -606,14 +657,16 @@ fn gate(args: GateArgs) -> Result<()> {
             .map_or("-".to_string(), |v| format!("{v:.2}"));
         let tf = &r.verify.teacher_forced;
         println!(
-            "{:<24} {:>7.2} {:>7.2} {:>7} {:>+7.2}  {:>9.6} {:>9.6} {:>6.2}%  {}",
+            "{:<24} {:<13} {:>7.2} {:>7.2} {:>7} {:>+7.2}  {:>9.6} {:>9.6} {:>9.6} {:>6.2}%  {}",
             r.name,
+            r.set,
             r.wer_full_precision,
             r.wer_quantized,
             reference,
             r.wer_quantized - r.wer_full_precision,
             tf.cosine_mean,
             tf.cosine_min,
+            tf.centered_cosine_mean,
             r.verify.free_running.top1_agreement * 100.0,
             if r.passed() { "pass" } else { "FAIL" }
         );
@@ -639,7 +692,10 @@ fn gate(args: GateArgs) -> Result<()> {
     }
     let failed = report.results.iter().filter(|r| !r.passed()).count();
     if failed > 0 {
-        anyhow::bail!("gate failed: {failed} of {} entries", report.results.len());
+        anyhow::bail!(
+            "gate failed: {failed} of {} results (entry x set)",
+            report.results.len()
+        );
     }
     Ok(())
 }

@@ -123,6 +123,15 @@ pub struct UtteranceResult {
     pub hypothesis: String,
     pub reference: Option<String>,
     pub word_errors: Option<WordErrors>,
+    /// The manifest's `source` of the utterance.
+    pub source: Option<String>,
+    /// The temperature of the kept decoding (0 unless the fallback retried).
+    pub temperature: f32,
+    /// Decodings run (1 when greedy passed the fallback's checks).
+    pub attempts: usize,
+    /// The kept decoding stopped at the token limit without end-of-text.
+    pub hit_token_limit: bool,
+    pub tokens: usize,
 }
 
 /// The result of transcribing a manifest.
@@ -135,6 +144,12 @@ pub struct TranscriptionReport {
     /// Over the utterances with a reference text.
     pub word_errors: WordErrors,
     pub wer: Option<f64>,
+    /// Word errors per manifest `source` (`-` for utterances without one).
+    pub word_errors_by_source: std::collections::BTreeMap<String, WordErrors>,
+    /// Utterances whose greedy decoding failed the fallback's checks and was retried.
+    pub fallbacks: usize,
+    /// Utterances whose kept decoding still stopped at the token limit.
+    pub hit_token_limit: usize,
     pub seconds: f64,
     pub utterances_per_second: f64,
 }
@@ -156,6 +171,7 @@ pub fn transcribe_manifest(
         .collect();
     let mut results = Vec::with_capacity(chosen.len());
     let mut total = WordErrors::default();
+    let mut by_source = std::collections::BTreeMap::new();
     for (i, u) in chosen.iter().enumerate() {
         let samples = t.read(u)?;
         let decoded =
@@ -168,17 +184,28 @@ pub fn transcribe_manifest(
         let errors = u.text.as_deref().map(|r| word_errors(r, &hypothesis));
         if let Some(e) = errors {
             total.add(e);
+            by_source
+                .entry(crate::verify::source_name(u).to_string())
+                .or_insert_with(WordErrors::default)
+                .add(e);
         }
         results.push(UtteranceResult {
             id: u.id.clone(),
             hypothesis,
             reference: u.text.clone(),
             word_errors: errors,
+            source: u.source.clone(),
+            temperature: decoded.temperature,
+            attempts: decoded.attempts,
+            hit_token_limit: decoded.hit_limit,
+            tokens: decoded.tokens.len(),
         });
         progress(i + 1, chosen.len(), &u.id);
     }
     let seconds = started.elapsed().as_secs_f64();
     let any_reference = results.iter().any(|r| r.reference.is_some());
+    let fallbacks = results.iter().filter(|r| r.attempts > 1).count();
+    let hit_token_limit = results.iter().filter(|r| r.hit_token_limit).count();
     Ok(TranscriptionReport {
         checkpoint: checkpoint.display().to_string(),
         manifest: manifest.path.display().to_string(),
@@ -187,6 +214,9 @@ pub fn transcribe_manifest(
         utterances: results,
         wer: any_reference.then(|| total.rate()),
         word_errors: total,
+        word_errors_by_source: by_source,
+        fallbacks,
+        hit_token_limit,
         seconds,
     })
 }

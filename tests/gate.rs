@@ -1,6 +1,6 @@
-//! The WER gate end to end on the real tiny.en and real speech, on a tiny profile: a missing
-//! reference fails, `--record` writes it in place (comments kept), the recorded gate passes, and
-//! a reference or floor the checkpoint misses fails with the reason.
+//! The WER gate end to end on the real tiny.en and real speech, on a tiny profile with two sets:
+//! a missing reference fails, `--record` writes it in place per set (comments kept), the recorded
+//! gate passes, and a reference, floor or baseline the checkpoint misses fails with the reason.
 
 mod common;
 
@@ -12,10 +12,11 @@ fn gate_file(dir: &std::path::Path, entry_extra: &str) -> std::path::PathBuf {
     std::fs::write(
         &path,
         format!(
-            "# kept comment\nmodel = '{}'\ncalib_manifest = '{}'\ngate_manifest = '{}'\ntolerance = 0.3\n\n[profiles.tiny]\ngate_utterances = 3\n\n[[entry]]\nname = 'int8_rtn'\nrecipe = 'int8_w8a8_rtn'\n{entry_extra}",
+            "# kept comment\nmodel = '{}'\ncalib_manifest = '{}'\ntolerance = 0.3\n\n[sets.in_domain]\nmanifest = '{}'\n[sets.other]\nmanifest = '{}'\n\n[profiles.tiny]\ngate_utterances = 3\n[profiles.one]\ngate_utterances = 2\nsets = ['other']\n\n[[entry]]\nname = 'int8_rtn'\nrecipe = 'int8_w8a8_rtn'\n{entry_extra}",
             common::tiny_en().display(),
             calib.display(),
-            gate.display()
+            gate.display(),
+            calib.display()
         ),
     )
     .unwrap();
@@ -33,10 +34,11 @@ fn gate_fails_without_reference_records_and_then_passes() {
     let (ok, out, err) = cli(&["gate", g, "--profile", "tiny", "--keep", k]);
     assert!(!ok, "{out}");
     assert!(
-        out.contains("no reference WER recorded for profile `tiny`"),
+        out.contains("no reference WER recorded for profile `tiny`, set `in_domain`")
+            && out.contains("no reference WER recorded for profile `tiny`, set `other`"),
         "{out}"
     );
-    assert!(err.contains("gate failed: 1 of 1"), "{err}");
+    assert!(err.contains("gate failed: 2 of 2"), "{err}");
     assert!(keep.join("int8_rtn/model.safetensors").is_file());
 
     let json = tmp.path().join("gate.json");
@@ -54,30 +56,92 @@ fn gate_fails_without_reference_records_and_then_passes() {
     assert!(text.starts_with("# kept comment\n"), "{text}");
     let report: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
-    let measured = report["results"][0]["wer_quantized"].as_f64().unwrap();
     let parsed: toml::Value = toml::from_str(&text).unwrap();
-    let recorded = parsed["entry"][0]["reference_wer"]["tiny"]
-        .as_float()
-        .unwrap();
-    assert!(
-        (recorded - measured).abs() < 0.006,
-        "{recorded} vs {measured}"
-    );
-    assert_eq!(report["results"][0]["verify"]["utterances"], 3);
+    for (i, set) in ["in_domain", "other"].iter().enumerate() {
+        assert_eq!(report["results"][i]["set"], *set);
+        let measured = report["results"][i]["wer_quantized"].as_f64().unwrap();
+        let recorded = parsed["entry"][0]["reference_wer"]["tiny"][set]
+            .as_float()
+            .unwrap();
+        assert!(
+            (recorded - measured).abs() < 0.006,
+            "{set}: {recorded} vs {measured}"
+        );
+        assert_eq!(report["results"][i]["verify"]["utterances"], 3);
+    }
 
     let (ok, out, err) = cli(&["gate", g, "--profile", "tiny"]);
     assert!(ok, "{out}\n{err}");
     assert!(out.contains("int8_rtn") && out.contains("pass"), "{out}");
+    // A profile that names one set verifies only that one.
+    let (ok, out, _) = cli(&["gate", g, "--profile", "one"]);
+    assert!(
+        !ok && out.contains("set `other`") && !out.contains("in_domain"),
+        "{out}"
+    );
 
-    // A reference the checkpoint cannot meet, and a cosine floor no quantized model reaches.
+    // A reference the checkpoint cannot meet, and cosine floors no quantized model reaches.
     gate_file(
         tmp.path(),
-        "min_cosine = 1.0\n[entry.reference_wer]\ntiny = -1.0\n",
+        "min_cosine = { other = 1.0 }\nmin_step_cosine = { in_domain = 1.0 }\n[entry.reference_wer.tiny]\nin_domain = -1.0\nother = 50.0\n",
     );
     let (ok, out, _) = cli(&["gate", g, "--profile", "tiny"]);
     assert!(!ok, "{out}");
     assert!(out.contains("exceeds the reference -1.00% + 0.30"), "{out}");
-    assert!(out.contains("is below 1"), "{out}");
+    assert!(
+        out.contains("teacher-forced logit cosine") && out.contains("is below 1"),
+        "{out}"
+    );
+    assert!(out.contains("worst teacher-forced step's cosine"), "{out}");
+}
+
+/// `not_below`: an entry whose cosine mean is under its baseline's on a set fails there, naming
+/// the baseline; the other direction passes.
+#[test]
+fn gate_compares_an_entry_with_its_baseline() {
+    let tmp = tempfile::tempdir().unwrap();
+    let gate = gate_file(
+        tmp.path(),
+        "not_below = 'fp8_rtn'\n[entry.reference_wer.one]\nother = 100.0\n[[entry]]\nname = 'fp8_rtn'\nrecipe = 'fp8_w8a8_rtn'\nnot_below = 'int8_rtn'\n[entry.reference_wer.one]\nother = 100.0\n",
+    );
+    let json = tmp.path().join("gate.json");
+    let (ok, out, _) = cli(&[
+        "gate",
+        gate.to_str().unwrap(),
+        "--profile",
+        "one",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let cos = |i: usize| {
+        report["results"][i]["verify"]["teacher_forced"]["cosine_mean"]
+            .as_f64()
+            .unwrap()
+    };
+    let (int8, fp8) = (cos(0), cos(1));
+    assert_ne!(int8, fp8, "{out}");
+    // Exactly the lower one fails, naming the other.
+    let (loser, winner) = if int8 < fp8 {
+        (0, "fp8_rtn")
+    } else {
+        (1, "int8_rtn")
+    };
+    assert!(!ok, "{out}");
+    let failures = report["results"][loser]["failures"].to_string();
+    assert!(
+        failures.contains(&format!("below `{winner}`'s")),
+        "{failures}"
+    );
+    assert_eq!(
+        report["results"][1 - loser]["failures"]
+            .as_array()
+            .unwrap()
+            .len(),
+        0,
+        "{out}"
+    );
 }
 
 #[test]
@@ -107,7 +171,7 @@ fn gate_refuses_bad_input_by_name() {
     let other = tmp.path().join("env.toml");
     std::fs::write(
         &other,
-        "model = '${OASR_GATE_TEST_NEVER_SET}'\ncalib_manifest = 'c'\ngate_manifest = 'g'\n[profiles.p]\n[[entry]]\nname = 'a'\nrecipe = 'int8_w8a8_rtn'\n",
+        "model = '${OASR_GATE_TEST_NEVER_SET}'\ncalib_manifest = 'c'\n[sets.s]\nmanifest = 'g'\n[profiles.p]\n[[entry]]\nname = 'a'\nrecipe = 'int8_w8a8_rtn'\n",
     )
     .unwrap();
     let (ok, _, err) = cli(&["gate", other.to_str().unwrap()]);
@@ -119,4 +183,11 @@ fn gate_refuses_bad_input_by_name() {
     let typo = gate_file(tmp.path(), "recipes = 'x'\n");
     let (ok, _, err) = cli(&["gate", typo.to_str().unwrap(), "--profile", "tiny"]);
     assert!(!ok && err.contains("recipes"), "{err}");
+
+    let unknown_set = gate_file(tmp.path(), "min_cosine = { cross = 0.9 }\n");
+    let (ok, _, err) = cli(&["gate", unknown_set.to_str().unwrap(), "--profile", "tiny"]);
+    assert!(!ok && err.contains("unknown set `cross`"), "{err}");
+    let bad_baseline = gate_file(tmp.path(), "not_below = 'int8_rtn'\n");
+    let (ok, _, err) = cli(&["gate", bad_baseline.to_str().unwrap(), "--profile", "tiny"]);
+    assert!(!ok && err.contains("`not_below` names `int8_rtn`"), "{err}");
 }

@@ -339,55 +339,127 @@ pub struct Agreement {
     pub steps: usize,
     pub cosine_mean: f64,
     pub cosine_min: f64,
+    /// The cosine of the logits with each row's mean removed: blind to a uniform shift of a
+    /// step's logits, which softmax ignores too.
+    pub centered_cosine_mean: f64,
+    pub centered_cosine_min: f64,
+    /// KL(full precision ‖ quantized) of the softmax over the whole vocabulary, in nats.
+    pub kl_mean: f64,
+    pub kl_max: f64,
     /// Fraction of steps whose arg-max token is the same.
     pub top1_agreement: f64,
 }
 
-#[derive(Default)]
+/// Sums and extremes of the agreement figures, mergeable.
+#[derive(Clone, Debug, Default)]
 struct AgreementSum {
     steps: usize,
     cosine_sum: f64,
     cosine_min: f64,
+    centered_sum: f64,
+    centered_min: f64,
+    kl_sum: f64,
+    kl_max: f64,
     top1_same: usize,
 }
 
+fn cosine(a: &[f64], b: &[f64]) -> f64 {
+    let dot: f64 = a.iter().zip(b).map(|(x, y)| x * y).sum();
+    let na = a.iter().map(|x| x * x).sum::<f64>().sqrt();
+    let nb = b.iter().map(|x| x * x).sum::<f64>().sqrt();
+    if na > 0.0 && nb > 0.0 {
+        dot / (na * nb)
+    } else {
+        0.0
+    }
+}
+
+/// log-softmax in f64 (non-finite logits count as −∞).
+fn log_softmax(v: &[f64]) -> Vec<f64> {
+    let max = v
+        .iter()
+        .copied()
+        .filter(|x| x.is_finite())
+        .fold(f64::NEG_INFINITY, f64::max);
+    let sum: f64 = v
+        .iter()
+        .filter(|x| x.is_finite())
+        .map(|x| (x - max).exp())
+        .sum();
+    let log_sum = max + sum.ln();
+    v.iter()
+        .map(|x| {
+            if x.is_finite() {
+                x - log_sum
+            } else {
+                f64::NEG_INFINITY
+            }
+        })
+        .collect()
+}
+
+/// KL(p ‖ q) from log-probabilities.
+fn kl(log_p: &[f64], log_q: &[f64]) -> f64 {
+    log_p
+        .iter()
+        .zip(log_q)
+        .filter(|(p, _)| p.is_finite())
+        .map(|(p, q)| p.exp() * (p - q))
+        .sum::<f64>()
+        .max(0.0)
+}
+
 impl AgreementSum {
+    /// One step: `a` the full-precision logits, `b` the quantized ones.
     fn add(&mut self, a: &[f32], b: &[f32]) {
-        let dot: f64 = a
-            .iter()
-            .zip(b)
-            .map(|(x, y)| f64::from(*x) * f64::from(*y))
-            .sum();
-        let na = a.iter().map(|x| f64::from(*x).powi(2)).sum::<f64>().sqrt();
-        let nb = b.iter().map(|x| f64::from(*x).powi(2)).sum::<f64>().sqrt();
-        let cos = if na > 0.0 && nb > 0.0 {
-            dot / (na * nb)
-        } else {
-            0.0
+        let a: Vec<f64> = a.iter().map(|x| f64::from(*x)).collect();
+        let b: Vec<f64> = b.iter().map(|x| f64::from(*x)).collect();
+        let cos = cosine(&a, &b);
+        let centred = |v: &[f64]| {
+            let mean = v.iter().sum::<f64>() / v.len().max(1) as f64;
+            v.iter().map(|x| x - mean).collect::<Vec<f64>>()
         };
-        if self.steps == 0 || cos < self.cosine_min {
+        let centered = cosine(&centred(&a), &centred(&b));
+        let divergence = kl(&log_softmax(&a), &log_softmax(&b));
+        let first = self.steps == 0;
+        if first || cos < self.cosine_min {
             self.cosine_min = cos;
+        }
+        if first || centered < self.centered_min {
+            self.centered_min = centered;
+        }
+        // NaN (a non-finite quantized logit) counts as the worst.
+        if first || divergence > self.kl_max || divergence.is_nan() {
+            self.kl_max = divergence;
         }
         self.steps += 1;
         self.cosine_sum += cos;
-        let argmax = |v: &[f32]| {
+        self.centered_sum += centered;
+        self.kl_sum += divergence;
+        let argmax = |v: &[f64]| {
             v.iter()
                 .enumerate()
                 .max_by(|x, y| x.1.total_cmp(y.1))
                 .map(|(i, _)| i)
         };
-        self.top1_same += usize::from(argmax(a) == argmax(b));
+        self.top1_same += usize::from(argmax(&a) == argmax(&b));
     }
 
     fn merge(&mut self, other: &AgreementSum) {
         if other.steps == 0 {
             return;
         }
-        if self.steps == 0 || other.cosine_min < self.cosine_min {
-            self.cosine_min = other.cosine_min;
+        if self.steps == 0 {
+            *self = other.clone();
+            return;
         }
+        self.cosine_min = self.cosine_min.min(other.cosine_min);
+        self.centered_min = self.centered_min.min(other.centered_min);
+        self.kl_max = self.kl_max.max(other.kl_max);
         self.steps += other.steps;
         self.cosine_sum += other.cosine_sum;
+        self.centered_sum += other.centered_sum;
+        self.kl_sum += other.kl_sum;
         self.top1_same += other.top1_same;
     }
 
@@ -397,9 +469,75 @@ impl AgreementSum {
             steps: self.steps,
             cosine_mean: self.cosine_sum / n,
             cosine_min: self.cosine_min,
+            centered_cosine_mean: self.centered_sum / n,
+            centered_cosine_min: self.centered_min,
+            kl_mean: self.kl_sum / n,
+            kl_max: self.kl_max,
             top1_agreement: self.top1_same as f64 / n,
         }
     }
+}
+
+/// The figures of a set of utterances (a whole run, or one source of it).
+#[derive(Default)]
+struct Tally {
+    utterances: usize,
+    free: AgreementSum,
+    forced: AgreementSum,
+    word_errors: Option<(WordErrors, WordErrors)>,
+    nonfinite: usize,
+}
+
+impl Tally {
+    fn add(&mut self, run: &UtteranceRun) {
+        self.utterances += 1;
+        self.free.merge(&run.free);
+        self.forced.merge(&run.forced);
+        if let Some((r, q)) = run.word_errors {
+            let (wr, wq) = self.word_errors.get_or_insert_default();
+            wr.add(r);
+            wq.add(q);
+        }
+        self.nonfinite += run.nonfinite;
+    }
+
+    fn finish(&self) -> SourceFigures {
+        let (wr, wq) = self.word_errors.unwrap_or_default();
+        let (fp, q) = match self.word_errors {
+            Some(_) => (Some(wr.rate()), Some(wq.rate())),
+            None => (None, None),
+        };
+        SourceFigures {
+            utterances: self.utterances,
+            wer_full_precision: fp,
+            wer_quantized: q,
+            wer_delta: fp.zip(q).map(|(a, b)| b - a),
+            word_errors_full_precision: wr,
+            word_errors_quantized: wq,
+            free_running: self.free.finish(),
+            teacher_forced: self.forced.finish(),
+            nonfinite: self.nonfinite,
+        }
+    }
+}
+
+/// A verify run's figures over the utterances of one source.
+#[derive(Clone, Debug, Serialize)]
+pub struct SourceFigures {
+    pub utterances: usize,
+    pub wer_full_precision: Option<f64>,
+    pub wer_quantized: Option<f64>,
+    pub wer_delta: Option<f64>,
+    pub word_errors_full_precision: WordErrors,
+    pub word_errors_quantized: WordErrors,
+    pub free_running: Agreement,
+    pub teacher_forced: Agreement,
+    pub nonfinite: usize,
+}
+
+/// The name of an utterance's source in a report (`-` when the manifest names none).
+pub fn source_name(u: &Utterance) -> &str {
+    u.source.as_deref().unwrap_or("-")
 }
 
 /// One utterance of a verify run.
@@ -409,6 +547,11 @@ pub struct VerifiedUtterance {
     pub reference_text: Option<String>,
     pub full_precision: String,
     pub quantized: String,
+    /// The manifest's `source` of the utterance.
+    pub source: Option<String>,
+    /// Temperatures of the two decodings (0 unless the fallback retried).
+    pub temperature_full_precision: f32,
+    pub temperature_quantized: f32,
     /// This utterance's teacher-forced agreement (finds the utterances at fault).
     pub teacher_forced: Agreement,
 }
@@ -436,6 +579,8 @@ pub struct VerifyReport {
     pub teacher_forced: Agreement,
     /// Non-finite values in the quantized model's GEMM outputs and logits.
     pub nonfinite: usize,
+    /// The same figures per manifest `source` (`-` for utterances without one).
+    pub by_source: BTreeMap<String, SourceFigures>,
     pub seconds: f64,
     pub utterances_per_second: f64,
     pub transcripts: Vec<VerifiedUtterance>,
@@ -464,13 +609,9 @@ fn verify_one(
     let fp = r.decode(&mut FullPrecision, &samples, true)?;
     let mut exec = lane.exec(q, served);
     let audio = q.transcriber.encode(&mut exec, &samples)?;
-    let qd = crate::models::whisper::greedy(
-        &q.transcriber.model,
-        &mut exec,
-        &audio,
-        &q.transcriber.rules,
-        true,
-    )?;
+    let qd = q
+        .transcriber
+        .decode_encoded(&mut exec, &audio, samples.len(), true)?;
     let scored = teacher_forced(
         &q.transcriber.model,
         &mut exec,
@@ -508,6 +649,9 @@ fn verify_one(
             reference_text: u.text.clone(),
             full_precision: hyp_r,
             quantized: hyp_q,
+            source: u.source.clone(),
+            temperature_full_precision: fp.temperature,
+            temperature_quantized: qd.temperature,
             teacher_forced: agreement,
         },
     })
@@ -574,23 +718,19 @@ pub fn verify_on(
             Ok(run)
         })
         .collect::<Result<Vec<UtteranceRun>>>()?;
-    let (mut free, mut forced) = (AgreementSum::default(), AgreementSum::default());
-    let (mut we_r, mut we_q) = (WordErrors::default(), WordErrors::default());
-    let mut nonfinite = 0;
+    let mut all = Tally::default();
+    let mut by_source: BTreeMap<String, Tally> = BTreeMap::new();
     let mut transcripts = Vec::new();
-    for run in runs {
-        free.merge(&run.free);
-        forced.merge(&run.forced);
-        if let Some((r, q)) = run.word_errors {
-            we_r.add(r);
-            we_q.add(q);
-        }
-        nonfinite += run.nonfinite;
+    for (u, run) in chosen.iter().zip(runs) {
+        all.add(&run);
+        by_source
+            .entry(source_name(u).to_string())
+            .or_default()
+            .add(&run);
         transcripts.push(run.transcript);
     }
     let seconds = started.elapsed().as_secs_f64();
-    let has_text = chosen.iter().any(|u| u.text.is_some());
-    let (wr, wq) = (has_text.then(|| we_r.rate()), has_text.then(|| we_q.rate()));
+    let total = all.finish();
     Ok(VerifyReport {
         quantized_checkpoint: quantized.display().to_string(),
         reference_checkpoint: reference.display().to_string(),
@@ -598,14 +738,18 @@ pub fn verify_on(
         served_dtype: served,
         device: lane.name(),
         utterances: chosen.len(),
-        wer_full_precision: wr,
-        wer_quantized: wq,
-        wer_delta: wr.zip(wq).map(|(a, b)| b - a),
-        word_errors_full_precision: we_r,
-        word_errors_quantized: we_q,
-        free_running: free.finish(),
-        teacher_forced: forced.finish(),
-        nonfinite,
+        wer_full_precision: total.wer_full_precision,
+        wer_quantized: total.wer_quantized,
+        wer_delta: total.wer_delta,
+        word_errors_full_precision: total.word_errors_full_precision,
+        word_errors_quantized: total.word_errors_quantized,
+        free_running: total.free_running,
+        teacher_forced: total.teacher_forced,
+        nonfinite: total.nonfinite,
+        by_source: by_source
+            .iter()
+            .map(|(k, t)| (k.clone(), t.finish()))
+            .collect(),
         seconds,
         utterances_per_second: chosen.len() as f64 / seconds.max(1e-9),
         transcripts,
