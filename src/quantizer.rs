@@ -8,8 +8,8 @@ use std::sync::Mutex;
 use crate::algorithms::static_inputs::{self, StaticInput, StaticInputOptions};
 use crate::algorithms::{self, rtn, smoothquant, WorkingTensors};
 use crate::calibration::{
-    self, AbsHistogram, AbsMaxObserver, CalibrationSet, DecoderPass, HistogramObserver,
-    HistogramTarget, Manifest, Observed,
+    self, AbsHistogram, AbsMaxObserver, BothObservers, CalibrationSet, DecoderPass,
+    HistogramObserver, HistogramTarget, Manifest, Observed,
 };
 use crate::checkpoint::{
     self, Checkpoint, DType, NativeConfig, StagedDir, Tensor, TensorPlan, CONFIG_FILE, REPORT_FILE,
@@ -270,6 +270,7 @@ impl Quantizer {
                         .insert("alpha".into(), serde_json::Value::from(recorded));
                     plan.alpha = Some(alpha);
                     plan.static_alpha = alpha_option(step, "static_alpha")?;
+                    plan.smoothing = smoothing_rules(step)?;
                 }
                 "static_inputs" | "static_conv_inputs" => {
                     let options = StaticInputOptions::parse(&step.name, &step.options)?;
@@ -339,20 +340,65 @@ impl Quantizer {
             let set = CalibrationSet::select(&manifest, self.calib_utterances, t.sample_rate)?;
             files_read.push(manifest_path.clone());
             files_read.extend(set.utterances.iter().map(|u| u.audio.clone()));
+            // Each static layer: the smoother its input is multiplied by, the weights of its
+            // input channels (so the clip search measures the error at the layer's output), and
+            // its options.
+            let targets_of = |working: &WorkingTensors, smooth_inv: &BTreeMap<String, Vec<f32>>| {
+                let mut targets: BTreeMap<String, HistogramTarget> = BTreeMap::new();
+                for layer in static_layers.keys() {
+                    let name = format!("{layer}.weight");
+                    let w = working.get(&name)?;
+                    let cols = working.shape(&name)?.iter().skip(1).product::<usize>();
+                    targets.insert(
+                        layer.clone(),
+                        HistogramTarget {
+                            smooth_inv: smooth_inv.get(layer).cloned(),
+                            channel_weights: Some(calibration::channel_weights(&w, cols)),
+                            per_token: chain_consumers.contains(layer).then_some(dtype),
+                        },
+                    );
+                }
+                Ok::<_, Error>(targets)
+            };
+            // When smoothing changes neither a static layer's weights nor its smoother (it
+            // consumes no smoothed group), its input is the same in the smoothed model as in the
+            // full-precision one (the folds upstream preserve the function), so one pass
+            // observes both what smoothing and what the static scales need.
+            let smoothed_consumers = match run_plan.alpha {
+                Some(_) => smoothquant::smoothed_consumers(&layout, &quantized, run_plan.smoothing),
+                None => HashSet::new(),
+            };
+            let one_pass = run_plan.alpha.is_some()
+                && static_layers
+                    .keys()
+                    .all(|l| !smoothed_consumers.contains(l));
+            let early_targets = if one_pass {
+                targets_of(&working, &BTreeMap::new())?
+            } else {
+                BTreeMap::new()
+            };
+            let mut histograms: Option<HistogramObserver> = None;
             // Pass 1's transcripts, so pass 2 scores them instead of decoding again.
             let mut transcripts: Option<Vec<Vec<u32>>> = None;
             if let Some(alpha) = run_plan.alpha {
-                let pass: Observed<AbsMaxObserver> = calibration_pass(
-                    &mut self.progress,
-                    Stage::Calibrating,
-                    &t,
-                    &set,
-                    DecoderPass::Decode,
-                    || FullPrecision,
-                    AbsMaxObserver::default,
-                )?;
+                let pass: Observed<BothObservers<AbsMaxObserver, HistogramObserver>> =
+                    calibration_pass(
+                        &mut self.progress,
+                        Stage::Calibrating,
+                        &t,
+                        &set,
+                        DecoderPass::Decode,
+                        || FullPrecision,
+                        || BothObservers {
+                            first: AbsMaxObserver::default(),
+                            second: HistogramObserver::new(&early_targets),
+                        },
+                    )?;
                 transcripts = Some(pass.tokens);
-                let observed = pass.observer;
+                let observed = pass.observer.first;
+                if one_pass && !early_targets.is_empty() {
+                    histograms = Some(pass.observer.second);
+                }
                 // A group whose consumers all take a static scale migrates with its own α: a
                 // per-tensor scale suffers more from outlier channels than a per-token one.
                 let static_alpha = run_plan.static_alpha.unwrap_or(alpha);
@@ -363,29 +409,23 @@ impl Quantizer {
                         alpha
                     }
                 };
-                let groups =
-                    smoothquant::plan_with(&layout, &quantized, &observed, &working, alpha_of)?;
+                let groups = smoothquant::plan_with(
+                    &layout,
+                    &quantized,
+                    &observed,
+                    &working,
+                    alpha_of,
+                    run_plan.smoothing,
+                )?;
                 let smooth_inv = smoothquant::apply(&groups, &mut working)?;
                 smoothing = Smoothing { groups, smooth_inv };
             }
-            // Each static layer: the smoother its input is multiplied by, the weights of its
-            // input channels (so the clip search measures the error at the layer's output), and
-            // its options.
-            let mut targets: BTreeMap<String, HistogramTarget> = BTreeMap::new();
-            for layer in static_layers.keys() {
-                let name = format!("{layer}.weight");
-                let w = working.get(&name)?;
-                let cols = working.shape(&name)?.iter().skip(1).product::<usize>();
-                targets.insert(
-                    layer.clone(),
-                    HistogramTarget {
-                        smooth_inv: smoothing.smooth_inv.get(layer).cloned(),
-                        channel_weights: Some(calibration::channel_weights(&w, cols)),
-                        per_token: chain_consumers.contains(layer).then_some(dtype),
-                    },
-                );
-            }
-            if !targets.is_empty() {
+            let late_targets = if histograms.is_none() {
+                targets_of(&working, &smoothing.smooth_inv)?
+            } else {
+                BTreeMap::new()
+            };
+            if !late_targets.is_empty() {
                 // Pass 2 runs the smoothed model, so each histogram is of the input the layer's
                 // static quantize will see.
                 let smoothed;
@@ -399,23 +439,27 @@ impl Quantizer {
                 let smooth_inv = &smoothing.smooth_inv;
                 // Pass 2 runs the decoder only when it observes a layer there, and then scores
                 // pass 1's transcripts (the smoothed model computes the same function).
-                let decoder = if !targets.keys().any(|l| layout.in_decode_step(l)) {
+                let decoder = if !late_targets.keys().any(|l| layout.in_decode_step(l)) {
                     DecoderPass::Skip
                 } else if let Some(tokens) = &transcripts {
                     DecoderPass::Tokens(tokens)
                 } else {
                     DecoderPass::Decode
                 };
-                let observed: HistogramObserver = calibration_pass(
-                    &mut self.progress,
-                    Stage::CalibratingStatic,
-                    model,
-                    &set,
-                    decoder,
-                    || smoothquant::RuntimeSmoothedExec { smooth_inv },
-                    || HistogramObserver::new(&targets),
-                )?
-                .observer;
+                histograms = Some(
+                    calibration_pass(
+                        &mut self.progress,
+                        Stage::CalibratingStatic,
+                        model,
+                        &set,
+                        decoder,
+                        || smoothquant::RuntimeSmoothedExec { smooth_inv },
+                        || HistogramObserver::new(&late_targets),
+                    )?
+                    .observer,
+                );
+            }
+            if let Some(observed) = histograms {
                 let empty = AbsHistogram::default();
                 for (layer, o) in &static_layers {
                     let hist = observed.histograms.get(layer).unwrap_or(&empty);
@@ -694,6 +738,28 @@ fn alpha_option(step: &AlgorithmStep, key: &str) -> Result<Option<f32>> {
     Ok(Some(alpha as f32))
 }
 
+/// SmoothQuant's `runtime` (bool) and `floor` (in [0, 1)) options.
+fn smoothing_rules(step: &AlgorithmStep) -> Result<smoothquant::SmoothingRules> {
+    let mut rules = smoothquant::SmoothingRules::default();
+    if let Some(v) = step.options.get("runtime") {
+        rules.runtime = v.as_bool().ok_or_else(|| {
+            Error::option("smoothquant.runtime", format!("{v} is not true or false"))
+        })?;
+    }
+    if let Some(v) = step.options.get("floor") {
+        match v.as_f64() {
+            Some(f) if (0.0..1.0).contains(&f) => rules.floor = f as f32,
+            _ => {
+                return Err(Error::option(
+                    "smoothquant.floor",
+                    format!("{v} is not a number in [0, 1)"),
+                ))
+            }
+        }
+    }
+    Ok(rules)
+}
+
 /// What the recipe's algorithms need, parsed and validated before any work.
 #[derive(Default)]
 struct RunPlan {
@@ -701,6 +767,7 @@ struct RunPlan {
     alpha: Option<f32>,
     /// SmoothQuant's α for groups whose consumers all take a static input scale.
     static_alpha: Option<f32>,
+    smoothing: smoothquant::SmoothingRules,
     static_inputs: Option<StaticInputOptions>,
     static_conv_inputs: Option<StaticInputOptions>,
 }

@@ -28,7 +28,7 @@ const REGISTRY: &[Registered] = &[
     },
     Registered {
         name: "smoothquant",
-        options: &["alpha", "static_alpha"],
+        options: &["alpha", "static_alpha", "runtime", "floor"],
         missing: None,
         what: "SmoothQuant activation smoothing from calibration",
     },
@@ -40,6 +40,7 @@ const REGISTRY: &[Registered] = &[
             "exclude",
             "max_error_ratio",
             "decoder",
+            "headroom",
         ],
         missing: None,
         what: "calibrated static input scales of GEMM-chain consumers",

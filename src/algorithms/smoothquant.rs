@@ -42,7 +42,11 @@ pub const DORMANT_FRACTION: f32 = 1e-2;
 /// tiny: it would amplify the channel's input by 1/s and shrink its weight column to rounding
 /// noise, so audio that wakes it up, as one gate utterance wakes a GELU channel of tiny.en's
 /// `encoder.layers.3.fc2`, loses that channel's contribution: docs/recipes.md.)
-pub fn factors(x_max: &[f32], w_max: &[f32], alpha: f32, lower: &[f32]) -> Vec<f32> {
+///
+/// `floor` (a fraction of the median channel max, 0 for none) raises the max of an active but
+/// quiet channel to `floor · median` before the formula, so s never shrinks a channel's weight
+/// column (and amplifies its input) as far as one quiet calibration would have it.
+pub fn factors(x_max: &[f32], w_max: &[f32], alpha: f32, lower: &[f32], floor: f32) -> Vec<f32> {
     let mut sorted: Vec<f32> = x_max.iter().copied().filter(|x| x.is_finite()).collect();
     sorted.sort_by(f32::total_cmp);
     let median = sorted.get(sorted.len() / 2).copied().unwrap_or(0.0);
@@ -55,6 +59,7 @@ pub fn factors(x_max: &[f32], w_max: &[f32], alpha: f32, lower: &[f32]) -> Vec<f
             if !(x > 0.0 && x >= dormant && w > 0.0) {
                 return 1.0;
             }
+            let x = x.max(floor * median);
             let s = x.powf(alpha) / w.powf(1.0 - alpha);
             // Keep W·s inside f16, then keep the folded parameter (divided by s) inside f16.
             let s = s.min(F16_MAX / w).max(lo).clamp(1.0 / F16_MAX, F16_MAX);
@@ -67,6 +72,41 @@ pub fn factors(x_max: &[f32], w_max: &[f32], alpha: f32, lower: &[f32]) -> Vec<f
         .collect()
 }
 
+/// Which groups are smoothed, and how far a factor may go.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SmoothingRules {
+    /// Whether groups without a parameter to fold 1/s into (a runtime smoother on the input,
+    /// `smooth_inv`) are smoothed.
+    pub runtime: bool,
+    /// See [`factors`]: the floor on a channel's max, as a fraction of the median's.
+    pub floor: f32,
+}
+
+impl Default for SmoothingRules {
+    fn default() -> Self {
+        SmoothingRules {
+            runtime: true,
+            floor: 0.0,
+        }
+    }
+}
+
+/// The layers whose weights (and, for a runtime group, input) [`plan_with`] would smooth under
+/// `rules`: every consumer of a group whose consumers are all quantized.
+pub fn smoothed_consumers(
+    layout: &QuantizationLayout,
+    quantized: &HashSet<String>,
+    rules: SmoothingRules,
+) -> HashSet<String> {
+    layout
+        .smooth_groups
+        .iter()
+        .filter(|g| g.consumers.iter().all(|c| quantized.contains(c)))
+        .filter(|g| g.fold != SmoothFold::Runtime || rules.runtime)
+        .flat_map(|g| g.consumers.iter().cloned())
+        .collect()
+}
+
 /// Computes the factors of every group whose consumers are all quantized, with one α.
 pub fn plan(
     layout: &QuantizationLayout,
@@ -75,7 +115,14 @@ pub fn plan(
     tensors: &WorkingTensors,
     alpha: f32,
 ) -> Result<Vec<SmoothedGroup>> {
-    plan_with(layout, quantized, observed, tensors, |_| alpha)
+    plan_with(
+        layout,
+        quantized,
+        observed,
+        tensors,
+        |_| alpha,
+        SmoothingRules::default(),
+    )
 }
 
 /// [`plan`] with α chosen per group from its consumers.
@@ -85,10 +132,14 @@ pub fn plan_with(
     observed: &AbsMaxObserver,
     tensors: &WorkingTensors,
     alpha_of: impl Fn(&[String]) -> f32,
+    rules: SmoothingRules,
 ) -> Result<Vec<SmoothedGroup>> {
     let mut groups = Vec::new();
     for group in &layout.smooth_groups {
-        if !group.consumers.iter().all(|c| quantized.contains(c)) {
+        // The same rule as `smoothed_consumers`.
+        if !group.consumers.iter().all(|c| quantized.contains(c))
+            || (group.fold == SmoothFold::Runtime && !rules.runtime)
+        {
             continue;
         }
         let alpha = alpha_of(&group.consumers);
@@ -152,7 +203,7 @@ pub fn plan_with(
             fold: group.fold,
             smoothed_into: group.producer.clone(),
             consumers: group.consumers.clone(),
-            factors: factors(x_max, &w_max, alpha, &lower),
+            factors: factors(x_max, &w_max, alpha, &lower, rules.floor),
             input_absmax: x_max.clone(),
             alpha,
         });
@@ -235,23 +286,37 @@ mod tests {
             &[1.0, 2.0, 0.0, 0.25],
             0.5,
             &[0.0; 4],
+            0.0,
         );
         assert_eq!(s[0], 2.0);
         assert_eq!(s[1], 1.0, "never active");
         assert_eq!(s[2], 1.0, "zero weight column");
         assert_eq!(s[3], 2.0);
         // α = 0.75: 16^0.75 / 1^0.25 = 8.
-        assert_eq!(factors(&[16.0], &[1.0], 0.75, &[0.0])[0], 8.0);
+        assert_eq!(factors(&[16.0], &[1.0], 0.75, &[0.0], 0.0)[0], 8.0);
         // W·s stays inside f16.
-        assert_eq!(factors(&[1e12], &[1.0], 0.5, &[0.0])[0], F16_MAX);
+        assert_eq!(factors(&[1e12], &[1.0], 0.5, &[0.0], 0.0)[0], F16_MAX);
         // The folded parameter stays inside f16: s >= |γ| / 65504.
-        assert_eq!(factors(&[1e-6], &[1.0], 0.5, &[0.5])[0], 0.5);
+        assert_eq!(factors(&[1e-6], &[1.0], 0.5, &[0.5], 0.0)[0], 0.5);
     }
 
     #[test]
     fn dormant_channels_keep_s_one() {
         // Median channel max 4: a channel below 4 · 1e-2 is dormant, one at it is not.
-        let s = factors(&[4.0, 4.0, 1e-6, 0.04, 9.0], &[1.0; 5], 0.5, &[0.0; 5]);
+        let s = factors(&[4.0, 4.0, 1e-6, 0.04, 9.0], &[1.0; 5], 0.5, &[0.0; 5], 0.0);
         assert_eq!(s, [2.0, 2.0, 1.0, 0.2, 3.0]);
+    }
+
+    #[test]
+    fn the_floor_raises_quiet_channels_only() {
+        // Median 4, floor 0.25: the quiet channel (0.04) is taken as 1; dormant stays at s = 1.
+        let s = factors(
+            &[4.0, 4.0, 1e-6, 0.04, 9.0],
+            &[1.0; 5],
+            0.5,
+            &[0.0; 5],
+            0.25,
+        );
+        assert_eq!(s, [2.0, 2.0, 1.0, 1.0, 3.0]);
     }
 }

@@ -26,6 +26,9 @@ pub struct StaticInputOptions {
     pub max_error_ratio: Option<f64>,
     /// Whether chains inside a decoder step get static scales too (default false).
     pub decoder: bool,
+    /// The clip is the observer's times this (>= 1; 1 by default): room above what calibration
+    /// saw, for audio louder in some channel than any calibration utterance.
+    pub headroom: f64,
 }
 
 impl StaticInputOptions {
@@ -122,11 +125,24 @@ impl StaticInputOptions {
                 ))
             }
         };
+        let headroom = match options.get("headroom") {
+            None => 1.0,
+            Some(v) => match v.as_f64() {
+                Some(h) if h >= 1.0 && h.is_finite() => h,
+                _ => {
+                    return Err(Error::option(
+                        key("headroom"),
+                        format!("{v} is not a number >= 1"),
+                    ))
+                }
+            },
+        };
         Ok(StaticInputOptions {
             observer,
             exclude,
             max_error_ratio,
             decoder,
+            headroom,
         })
     }
 
@@ -145,6 +161,9 @@ impl StaticInputOptions {
         }
         if algorithm == "static_inputs" {
             out.insert("decoder".into(), Value::from(self.decoder));
+        }
+        if self.headroom != 1.0 {
+            out.insert("headroom".into(), Value::from(self.headroom));
         }
         out
     }
@@ -242,7 +261,7 @@ pub fn static_input(
             ),
         });
     }
-    let clip = hist.clip(options.observer, dtype);
+    let clip = (f64::from(hist.clip(options.observer, dtype)) * options.headroom) as f32;
     let max = hist.max();
     Ok(StaticInput {
         observer: options.observer.name().into(),

@@ -10,5 +10,5 @@ pub use histogram::{
     BINS as HISTOGRAM_BINS,
 };
 pub use manifest::{Manifest, Utterance};
-pub use observer::{AbsMaxObserver, Observer, ObservingExec};
+pub use observer::{AbsMaxObserver, BothObservers, Observer, ObservingExec};
 pub use run::{observe, observe_with, CalibrationSet, DecoderPass, Observed, DEFAULT_UTTERANCES};

@@ -59,6 +59,33 @@ impl Observer for AbsMaxObserver {
     }
 }
 
+/// Two observers fed by one pass (each sees the layers it wants).
+#[derive(Clone, Debug, Default)]
+pub struct BothObservers<A, B> {
+    pub first: A,
+    pub second: B,
+}
+
+impl<A: Observer, B: Observer> Observer for BothObservers<A, B> {
+    fn wants(&self, layer: &str) -> bool {
+        self.first.wants(layer) || self.second.wants(layer)
+    }
+
+    fn observe(&mut self, layer: &str, x: &[f32], cols: usize) {
+        if self.first.wants(layer) {
+            self.first.observe(layer, x, cols);
+        }
+        if self.second.wants(layer) {
+            self.second.observe(layer, x, cols);
+        }
+    }
+
+    fn merge(&mut self, other: Self) {
+        self.first.merge(other.first);
+        self.second.merge(other.second);
+    }
+}
+
 /// Runs GEMMs through `inner` after showing their inputs to an observer.
 pub struct ObservingExec<'a, O: Observer, E: LinearExec> {
     pub observer: &'a mut O,
