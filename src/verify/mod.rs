@@ -64,6 +64,68 @@ struct LinkRoles {
     chain_producers: HashSet<String>,
 }
 
+impl QuantizedLayer {
+    /// The served numerics of this layer on `x` (`[rows, k]`, row-major): the quantize step (the
+    /// static one, a fused norm's emission when `norm_fed`, or per token with the smoother), the
+    /// scaled GEMM with its epilogue (bias, `activation`), rounded once to `served`. Returns the
+    /// `[rows, n]` output widened back to f32. Both the verify run ([`QuantizedExec`]) and the
+    /// per-layer breakdown run a quantized layer through this one function.
+    fn forward_values(
+        &self,
+        values: &[f32],
+        rows: usize,
+        k: usize,
+        norm_fed: bool,
+        activation: Activation,
+        served: OutDtype,
+    ) -> Vec<f32> {
+        let smooth = self.smooth_inv.as_deref();
+        let epi = GemmEpilogue {
+            bias: self.bias.as_deref(),
+            activation,
+            out: served,
+        };
+        let out = match self.input_scale {
+            Some(scale) => {
+                let codes = numerics::quantize_static(values, rows, k, smooth, scale, self.dtype);
+                numerics::scaled_mm(
+                    self.dtype,
+                    &codes,
+                    ActScale::PerTensor(scale),
+                    &self.codes,
+                    &self.weight_scale,
+                    rows,
+                    self.n,
+                    k,
+                    &epi,
+                )
+            }
+            None => {
+                let a = if norm_fed {
+                    // The spec's arming rules guarantee no smoother here (checked on load).
+                    numerics::norm_quant_per_token(values, rows, k, served, self.dtype)
+                } else {
+                    numerics::quantize_per_token(values, rows, k, smooth, self.dtype)
+                };
+                numerics::scaled_mm(
+                    self.dtype,
+                    &a.codes,
+                    ActScale::PerRow(&a.scales),
+                    &self.codes,
+                    &self.weight_scale,
+                    rows,
+                    self.n,
+                    k,
+                    &epi,
+                )
+            }
+        };
+        out.into_iter()
+            .map(|b| numerics::out_bits_to_f32(served, b))
+            .collect()
+    }
+}
+
 impl QuantizedExec<'_> {
     fn run(
         &mut self,
@@ -74,51 +136,8 @@ impl QuantizedExec<'_> {
     ) -> Result<Tensor> {
         let (rows, k) = x.dims2().map_err(ce(name))?;
         let values = to_vec(x, name)?;
-        let smooth = q.smooth_inv.as_deref();
-        let epi = GemmEpilogue {
-            bias: q.bias.as_deref(),
-            activation,
-            out: self.served,
-        };
-        let out = match q.input_scale {
-            Some(scale) => {
-                let codes = numerics::quantize_static(&values, rows, k, smooth, scale, q.dtype);
-                numerics::scaled_mm(
-                    q.dtype,
-                    &codes,
-                    ActScale::PerTensor(scale),
-                    &q.codes,
-                    &q.weight_scale,
-                    rows,
-                    q.n,
-                    k,
-                    &epi,
-                )
-            }
-            None => {
-                let a = if self.links.norm_fed.contains(name) {
-                    // The spec's arming rules guarantee no smoother here (checked on load).
-                    numerics::norm_quant_per_token(&values, rows, k, self.served, q.dtype)
-                } else {
-                    numerics::quantize_per_token(&values, rows, k, smooth, q.dtype)
-                };
-                numerics::scaled_mm(
-                    q.dtype,
-                    &a.codes,
-                    ActScale::PerRow(&a.scales),
-                    &q.codes,
-                    &q.weight_scale,
-                    rows,
-                    q.n,
-                    k,
-                    &epi,
-                )
-            }
-        };
-        let out: Vec<f32> = out
-            .into_iter()
-            .map(|b| numerics::out_bits_to_f32(self.served, b))
-            .collect();
+        let norm_fed = self.links.norm_fed.contains(name);
+        let out = q.forward_values(&values, rows, k, norm_fed, activation, self.served);
         self.nonfinite += out.iter().filter(|v| !v.is_finite()).count();
         Tensor::from_vec(out, (rows, q.n), &Device::Cpu).map_err(ce(name))
     }
@@ -351,20 +370,25 @@ struct AgreementSum {
     top1_same: usize,
 }
 
+/// The cosine of two logit rows, in f64 (0 when either is all zero).
+fn cosine(a: &[f32], b: &[f32]) -> f64 {
+    let dot: f64 = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| f64::from(*x) * f64::from(*y))
+        .sum();
+    let na = a.iter().map(|x| f64::from(*x).powi(2)).sum::<f64>().sqrt();
+    let nb = b.iter().map(|x| f64::from(*x).powi(2)).sum::<f64>().sqrt();
+    if na > 0.0 && nb > 0.0 {
+        dot / (na * nb)
+    } else {
+        0.0
+    }
+}
+
 impl AgreementSum {
     fn add(&mut self, a: &[f32], b: &[f32]) {
-        let dot: f64 = a
-            .iter()
-            .zip(b)
-            .map(|(x, y)| f64::from(*x) * f64::from(*y))
-            .sum();
-        let na = a.iter().map(|x| f64::from(*x).powi(2)).sum::<f64>().sqrt();
-        let nb = b.iter().map(|x| f64::from(*x).powi(2)).sum::<f64>().sqrt();
-        let cos = if na > 0.0 && nb > 0.0 {
-            dot / (na * nb)
-        } else {
-            0.0
-        };
+        let cos = cosine(a, b);
         if self.steps == 0 || cos < self.cosine_min {
             self.cosine_min = cos;
         }
