@@ -8,6 +8,7 @@
 
 #[cfg(feature = "cuda")]
 pub mod cuda;
+pub mod per_layer;
 
 use std::collections::{BTreeMap, HashSet};
 use std::path::Path;
@@ -69,7 +70,7 @@ impl QuantizedLayer {
     /// static one, a fused norm's emission when `norm_fed`, or per token with the smoother), the
     /// scaled GEMM with its epilogue (bias, `activation`), rounded once to `served`. Returns the
     /// `[rows, n]` output widened back to f32. Both the verify run ([`QuantizedExec`]) and the
-    /// per-layer breakdown run a quantized layer through this one function.
+    /// per-layer breakdown ([`per_layer`]) run a quantized layer through this one function.
     fn forward_values(
         &self,
         values: &[f32],
@@ -463,6 +464,9 @@ pub struct VerifyReport {
     pub seconds: f64,
     pub utterances_per_second: f64,
     pub transcripts: Vec<VerifiedUtterance>,
+    /// Each quantized layer's own error (`--per-layer`); absent unless asked for.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub per_layer: Option<per_layer::PerLayerReport>,
 }
 
 /// What one utterance contributes to a verify report.
@@ -473,6 +477,7 @@ struct UtteranceRun {
     word_errors: Option<(WordErrors, WordErrors)>,
     nonfinite: usize,
     transcript: VerifiedUtterance,
+    per_layer: Option<per_layer::UtteranceFigures>,
 }
 
 /// Both models on one utterance: each decodes greedily, then the quantized model scores the
@@ -483,6 +488,7 @@ fn verify_one(
     u: &Utterance,
     lane: &Lane,
     served: OutDtype,
+    layers: Option<&per_layer::Plan>,
 ) -> Result<UtteranceRun> {
     let samples = r.read(u)?;
     let fp = r.decode(&mut FullPrecision, &samples, true)?;
@@ -522,6 +528,9 @@ fn verify_one(
         .as_ref()
         .map(|text| (word_errors(text, &hyp_r), word_errors(text, &hyp_q)));
     let agreement = forced.finish();
+    let per_layer = layers
+        .map(|plan| per_layer::run_utterance(plan, r, u, &samples, &fp.tokens, &scored, served))
+        .transpose()?;
     Ok(UtteranceRun {
         free,
         forced,
@@ -534,6 +543,7 @@ fn verify_one(
             quantized: hyp_q,
             teacher_forced: agreement,
         },
+        per_layer,
     })
 }
 
@@ -569,13 +579,66 @@ pub fn verify_on(
     device: VerifyDevice,
     progress: impl Fn(usize, usize, &str) + Sync,
 ) -> Result<VerifyReport> {
+    let options = VerifyOptions {
+        limit,
+        served,
+        device,
+        per_layer: false,
+    };
+    verify_with(quantized, reference, manifest, &options, progress)
+}
+
+/// What a verify run does beyond the defaults.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct VerifyOptions {
+    /// Only the first `limit` utterances of the manifest.
+    pub limit: Option<usize>,
+    /// The dtype the quantized GEMMs round to.
+    pub served: OutDtype,
+    /// Where the quantized model's GEMMs run (the per-layer breakdown always runs on the CPU).
+    pub device: VerifyDevice,
+    /// Adds the per-layer breakdown ([`per_layer`]): one teacher-forced pass of the reference
+    /// model per quantized layer and utterance. A checkpoint with SmoothQuant folds into norms or
+    /// V projections needs its recorded factors (`smoothing_factors.safetensors`).
+    pub per_layer: bool,
+}
+
+impl Default for VerifyOptions {
+    fn default() -> Self {
+        VerifyOptions {
+            limit: None,
+            served: OutDtype::F16,
+            device: VerifyDevice::Cpu,
+            per_layer: false,
+        }
+    }
+}
+
+/// The verify run with every option; [`verify`] and [`verify_on`] are shorthands of it.
+pub fn verify_with(
+    quantized: &Path,
+    reference: &Path,
+    manifest: &Manifest,
+    options: &VerifyOptions,
+    progress: impl Fn(usize, usize, &str) + Sync,
+) -> Result<VerifyReport> {
+    let VerifyOptions {
+        limit,
+        served,
+        device,
+        per_layer: with_layers,
+    } = *options;
     #[cfg(not(feature = "cuda"))]
     if device == VerifyDevice::Cuda {
         return Err(no_cuda());
     }
     let q = QuantizedModel::load(quantized)?;
-    let lane = Lane::open(device, &q)?;
     let r = Transcriber::new(&Checkpoint::open(reference)?)?;
+    // Checked before any work: a checkpoint without its smoothing factors is refused here.
+    let plan = with_layers
+        .then(|| per_layer::Plan::new(&q, quantized, &r.model))
+        .transpose()?;
+    let lane = Lane::open(device, &q)?;
     let started = std::time::Instant::now();
     let chosen: Vec<_> = manifest
         .utterances
@@ -588,9 +651,11 @@ pub fn verify_on(
     let runs = chosen
         .par_iter()
         .map(|u| {
-            let run = verify_one(&q, &r, u, &lane, served).map_err(|e| Error::Utterance {
-                id: u.id.clone(),
-                source: Box::new(e),
+            let run = verify_one(&q, &r, u, &lane, served, plan.as_ref()).map_err(|e| {
+                Error::Utterance {
+                    id: u.id.clone(),
+                    source: Box::new(e),
+                }
             })?;
             let mut n = done.lock().unwrap_or_else(|p| p.into_inner());
             *n += 1;
@@ -602,7 +667,9 @@ pub fn verify_on(
     let (mut we_r, mut we_q) = (WordErrors::default(), WordErrors::default());
     let mut nonfinite = 0;
     let mut transcripts = Vec::new();
+    let mut layer_figures = Vec::new();
     for run in runs {
+        layer_figures.extend(run.per_layer);
         free.merge(&run.free);
         forced.merge(&run.forced);
         if let Some((r, q)) = run.word_errors {
@@ -633,5 +700,6 @@ pub fn verify_on(
         seconds,
         utterances_per_second: chosen.len() as f64 / seconds.max(1e-9),
         transcripts,
+        per_layer: plan.map(|p| per_layer::report(&p, &layer_figures)),
     })
 }
