@@ -57,6 +57,10 @@ pub enum Error {
     /// A failure inside a model's forward pass.
     #[error("{what}: {message}")]
     Model { what: String, message: String },
+    /// A diagnostic file an operation needs and the checkpoint does not carry (e.g. the
+    /// smoothing factors `verify --per-layer` reads); `message` says how to get it.
+    #[error("{}: {message}", path.display())]
+    MissingDiagnostics { path: PathBuf, message: String },
     #[error("output {}: {message}", path.display())]
     Output { path: PathBuf, message: String },
     /// The CUDA runtime (feature `cuda`) could not do `what`: no driver, no GPU, no NVRTC, a

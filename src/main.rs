@@ -106,6 +106,11 @@ enum Command {
         /// GPU 0, int8 bit-identical to cpu).
         #[arg(long, value_enum, default_value_t = VerifyDevice::Cpu)]
         device: VerifyDevice,
+        /// Also break the error down per quantized layer: each layer's output error on the
+        /// reference input, and its share of the logit error (one teacher-forced pass per layer
+        /// and utterance, on the CPU). Adds `per_layer` to the JSON report.
+        #[arg(long)]
+        per_layer: bool,
     },
     /// Regenerate every gated checkpoint of a gate file and verify it on the gate manifest; fails
     /// when a WER exceeds its recorded reference plus the tolerance.
@@ -228,7 +233,8 @@ fn main() -> ExitCode {
             run,
             served_dtype,
             device,
-        }) => verify(quantized, reference, run, served_dtype, device),
+            per_layer,
+        }) => verify(quantized, reference, run, served_dtype, device, per_layer),
         Some(Command::Gate {
             config,
             profile,
@@ -500,15 +506,20 @@ fn verify(
     run: ManifestRun,
     served: ServedDtype,
     device: VerifyDevice,
+    per_layer: bool,
 ) -> Result<()> {
     let (manifest, bar) = run.start("verifying")?;
-    let report = oasr_quantize::verify::verify_on(
+    let options = oasr_quantize::verify::VerifyOptions {
+        limit: run.limit,
+        served: served.into(),
+        device: device.into(),
+        per_layer,
+    };
+    let report = oasr_quantize::verify::verify_with(
         &quantized,
         &reference,
         &manifest,
-        run.limit,
-        served.into(),
-        device.into(),
+        &options,
         |done, _, id| {
             bar.set_position(done as u64);
             bar.set_message(id.to_string());
@@ -564,7 +575,58 @@ fn verify(
         "{:.2} utterances/s (both models, {:.1} s)",
         report.utterances_per_second, report.seconds
     );
+    if let Some(layers) = &report.per_layer {
+        print_per_layer(layers);
+    }
     run.write_json(&report)
+}
+
+/// The layers with the largest share of the logit error, as a short table.
+fn print_per_layer(p: &oasr_quantize::verify::per_layer::PerLayerReport) {
+    const TOP: usize = 10;
+    let full = &p.full_model;
+    println!(
+        "per layer: {} quantized layers, teacher-forced over {} steps; fully quantized: 1-cos {:.3e}, KL {:.3e}",
+        p.layers.len(),
+        full.steps,
+        full.one_minus_cosine_mean,
+        full.kl_mean
+    );
+    let share = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.3}"));
+    let width = p
+        .layers
+        .iter()
+        .map(|l| l.name.len())
+        .max()
+        .unwrap_or(5)
+        .max(5);
+    println!(
+        "  {:<width$}  {:>9} {:>9}  {:>10} {:>10}  worst row (utterance:row)",
+        "layer", "share cos", "share KL", "out rel L2", "worst row"
+    );
+    for l in p.top_by_share(TOP) {
+        let o = &l.output_error;
+        let (worst, at) = o.worst_row.as_ref().map_or((0.0, "-".to_string()), |w| {
+            (w.relative_l2, format!("{}:{}", w.utterance, w.row))
+        });
+        println!(
+            "  {:<width$}  {:>9} {:>9}  {:>10.3e} {:>10.3e}  {at}",
+            l.name,
+            share(l.logit_share.one_minus_cosine),
+            share(l.logit_share.kl),
+            o.relative_l2,
+            worst
+        );
+    }
+    if p.layers.len() > TOP {
+        println!(
+            "  ({} more in the JSON report's per_layer; shares need not sum to 1)",
+            p.layers.len() - TOP
+        );
+    }
+    if p.nonfinite > 0 {
+        println!("  non-finite values in the per-layer runs: {}", p.nonfinite);
+    }
 }
 
 fn recipes(json: bool) -> Result<()> {

@@ -646,6 +646,9 @@ impl Quantizer {
             },
         };
         spec.validate()?;
+        // Diagnostics only (verify --per-layer): the s of every group whose 1/s was folded into
+        // another module, which the checkpoint's tensors no longer show.
+        checkpoint::write_smoothing_factors(staged.path(), &smoothing.folded_factors())?;
         let mut config = source.config.clone();
         config.format_version = 2;
         config.quantization = Some(spec);
@@ -795,6 +798,21 @@ struct Smoothing {
 }
 
 impl Smoothing {
+    /// The factors of every group whose 1/s went into another module (a norm's affine, a V
+    /// projection's or producer's rows), by that module.
+    fn folded_factors(&self) -> BTreeMap<String, Vec<f32>> {
+        self.groups
+            .iter()
+            .filter(|g| {
+                matches!(
+                    g.fold,
+                    SmoothFold::NormAffine | SmoothFold::VToO | SmoothFold::ProducerRows
+                )
+            })
+            .filter_map(|g| Some((g.smoothed_into.clone()?, g.factors.clone())))
+            .collect()
+    }
+
     /// The group that smoothed a layer's input, if any.
     fn of(&self, layer: &str) -> Option<&smoothquant::SmoothedGroup> {
         self.groups

@@ -13,12 +13,15 @@ use std::path::{Path, PathBuf};
 
 pub use native::{
     DecodingSpec, FeatureSpec, NativeConfig, TokenizerSpec, CONFIG_FILE, REPORT_FILE,
-    TOKENIZER_DIR, WEIGHTS_FILE,
+    SMOOTHING_FACTORS_FILE, TOKENIZER_DIR, WEIGHTS_FILE,
 };
 pub use output::StagedDir;
 pub use safetensors_io::TensorPlan;
 pub use tensor::{DType, Tensor};
-pub use writer::{copy_tokenizer, write_json, write_weights};
+pub use writer::{
+    copy_tokenizer, read_smoothing_factors, write_json, write_smoothing_factors, write_weights,
+    SMOOTHING_FACTORS_SUFFIX,
+};
 
 use crate::error::{Error, Result};
 

@@ -12,6 +12,9 @@ pub const CONFIG_FILE: &str = "oasr_config.json";
 pub const WEIGHTS_FILE: &str = "model.safetensors";
 pub const REPORT_FILE: &str = "quantization_report.json";
 pub const TOKENIZER_DIR: &str = "tokenizer";
+/// Version 2, optional, diagnostic only (never read by the server): the SmoothQuant factors of
+/// every smoothing group whose 1/s was folded into another module (docs/format.md).
+pub const SMOOTHING_FACTORS_FILE: &str = "smoothing_factors.safetensors";
 
 /// The tokenizer assets, with paths relative to the checkpoint directory.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

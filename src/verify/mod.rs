@@ -8,6 +8,7 @@
 
 #[cfg(feature = "cuda")]
 pub mod cuda;
+pub mod per_layer;
 
 use std::collections::{BTreeMap, HashSet};
 use std::path::Path;
@@ -64,6 +65,68 @@ struct LinkRoles {
     chain_producers: HashSet<String>,
 }
 
+impl QuantizedLayer {
+    /// The served numerics of this layer on `x` (`[rows, k]`, row-major): the quantize step (the
+    /// static one, a fused norm's emission when `norm_fed`, or per token with the smoother), the
+    /// scaled GEMM with its epilogue (bias, `activation`), rounded once to `served`. Returns the
+    /// `[rows, n]` output widened back to f32. Both the verify run ([`QuantizedExec`]) and the
+    /// per-layer breakdown ([`per_layer`]) run a quantized layer through this one function.
+    fn forward_values(
+        &self,
+        values: &[f32],
+        rows: usize,
+        k: usize,
+        norm_fed: bool,
+        activation: Activation,
+        served: OutDtype,
+    ) -> Vec<f32> {
+        let smooth = self.smooth_inv.as_deref();
+        let epi = GemmEpilogue {
+            bias: self.bias.as_deref(),
+            activation,
+            out: served,
+        };
+        let out = match self.input_scale {
+            Some(scale) => {
+                let codes = numerics::quantize_static(values, rows, k, smooth, scale, self.dtype);
+                numerics::scaled_mm(
+                    self.dtype,
+                    &codes,
+                    ActScale::PerTensor(scale),
+                    &self.codes,
+                    &self.weight_scale,
+                    rows,
+                    self.n,
+                    k,
+                    &epi,
+                )
+            }
+            None => {
+                let a = if norm_fed {
+                    // The spec's arming rules guarantee no smoother here (checked on load).
+                    numerics::norm_quant_per_token(values, rows, k, served, self.dtype)
+                } else {
+                    numerics::quantize_per_token(values, rows, k, smooth, self.dtype)
+                };
+                numerics::scaled_mm(
+                    self.dtype,
+                    &a.codes,
+                    ActScale::PerRow(&a.scales),
+                    &self.codes,
+                    &self.weight_scale,
+                    rows,
+                    self.n,
+                    k,
+                    &epi,
+                )
+            }
+        };
+        out.into_iter()
+            .map(|b| numerics::out_bits_to_f32(served, b))
+            .collect()
+    }
+}
+
 impl QuantizedExec<'_> {
     fn run(
         &mut self,
@@ -74,51 +137,8 @@ impl QuantizedExec<'_> {
     ) -> Result<Tensor> {
         let (rows, k) = x.dims2().map_err(ce(name))?;
         let values = to_vec(x, name)?;
-        let smooth = q.smooth_inv.as_deref();
-        let epi = GemmEpilogue {
-            bias: q.bias.as_deref(),
-            activation,
-            out: self.served,
-        };
-        let out = match q.input_scale {
-            Some(scale) => {
-                let codes = numerics::quantize_static(&values, rows, k, smooth, scale, q.dtype);
-                numerics::scaled_mm(
-                    q.dtype,
-                    &codes,
-                    ActScale::PerTensor(scale),
-                    &q.codes,
-                    &q.weight_scale,
-                    rows,
-                    q.n,
-                    k,
-                    &epi,
-                )
-            }
-            None => {
-                let a = if self.links.norm_fed.contains(name) {
-                    // The spec's arming rules guarantee no smoother here (checked on load).
-                    numerics::norm_quant_per_token(&values, rows, k, self.served, q.dtype)
-                } else {
-                    numerics::quantize_per_token(&values, rows, k, smooth, q.dtype)
-                };
-                numerics::scaled_mm(
-                    q.dtype,
-                    &a.codes,
-                    ActScale::PerRow(&a.scales),
-                    &q.codes,
-                    &q.weight_scale,
-                    rows,
-                    q.n,
-                    k,
-                    &epi,
-                )
-            }
-        };
-        let out: Vec<f32> = out
-            .into_iter()
-            .map(|b| numerics::out_bits_to_f32(self.served, b))
-            .collect();
+        let norm_fed = self.links.norm_fed.contains(name);
+        let out = q.forward_values(&values, rows, k, norm_fed, activation, self.served);
         self.nonfinite += out.iter().filter(|v| !v.is_finite()).count();
         Tensor::from_vec(out, (rows, q.n), &Device::Cpu).map_err(ce(name))
     }
@@ -363,7 +383,13 @@ struct AgreementSum {
     top1_same: usize,
 }
 
-fn cosine(a: &[f64], b: &[f64]) -> f64 {
+/// A row in f64.
+pub(super) fn to_f64(v: &[f32]) -> Vec<f64> {
+    v.iter().map(|x| f64::from(*x)).collect()
+}
+
+/// The cosine of two rows, in f64 (0 when either is all zero).
+pub(super) fn cosine(a: &[f64], b: &[f64]) -> f64 {
     let dot: f64 = a.iter().zip(b).map(|(x, y)| x * y).sum();
     let na = a.iter().map(|x| x * x).sum::<f64>().sqrt();
     let nb = b.iter().map(|x| x * x).sum::<f64>().sqrt();
@@ -375,7 +401,7 @@ fn cosine(a: &[f64], b: &[f64]) -> f64 {
 }
 
 /// log-softmax in f64 (non-finite logits count as −∞).
-fn log_softmax(v: &[f64]) -> Vec<f64> {
+pub(super) fn log_softmax(v: &[f64]) -> Vec<f64> {
     let max = v
         .iter()
         .copied()
@@ -399,7 +425,7 @@ fn log_softmax(v: &[f64]) -> Vec<f64> {
 }
 
 /// KL(p ‖ q) from log-probabilities.
-fn kl(log_p: &[f64], log_q: &[f64]) -> f64 {
+pub(super) fn kl(log_p: &[f64], log_q: &[f64]) -> f64 {
     log_p
         .iter()
         .zip(log_q)
@@ -412,8 +438,7 @@ fn kl(log_p: &[f64], log_q: &[f64]) -> f64 {
 impl AgreementSum {
     /// One step: `a` the full-precision logits, `b` the quantized ones.
     fn add(&mut self, a: &[f32], b: &[f32]) {
-        let a: Vec<f64> = a.iter().map(|x| f64::from(*x)).collect();
-        let b: Vec<f64> = b.iter().map(|x| f64::from(*x)).collect();
+        let (a, b) = (to_f64(a), to_f64(b));
         let cos = cosine(&a, &b);
         let centred = |v: &[f64]| {
             let mean = v.iter().sum::<f64>() / v.len().max(1) as f64;
@@ -584,6 +609,9 @@ pub struct VerifyReport {
     pub seconds: f64,
     pub utterances_per_second: f64,
     pub transcripts: Vec<VerifiedUtterance>,
+    /// Each quantized layer's own error (`--per-layer`); absent unless asked for.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub per_layer: Option<per_layer::PerLayerReport>,
 }
 
 /// What one utterance contributes to a verify report.
@@ -594,6 +622,7 @@ struct UtteranceRun {
     word_errors: Option<(WordErrors, WordErrors)>,
     nonfinite: usize,
     transcript: VerifiedUtterance,
+    per_layer: Option<per_layer::UtteranceFigures>,
 }
 
 /// Both models on one utterance: each decodes greedily, then the quantized model scores the
@@ -604,6 +633,7 @@ fn verify_one(
     u: &Utterance,
     lane: &Lane,
     served: OutDtype,
+    layers: Option<&per_layer::Plan>,
 ) -> Result<UtteranceRun> {
     let samples = r.read(u)?;
     let fp = r.decode(&mut FullPrecision, &samples, true)?;
@@ -639,6 +669,9 @@ fn verify_one(
         .as_ref()
         .map(|text| (word_errors(text, &hyp_r), word_errors(text, &hyp_q)));
     let agreement = forced.finish();
+    let per_layer = layers
+        .map(|plan| per_layer::run_utterance(plan, r, u, &samples, &fp.tokens, &scored, served))
+        .transpose()?;
     Ok(UtteranceRun {
         free,
         forced,
@@ -654,6 +687,7 @@ fn verify_one(
             temperature_quantized: qd.temperature,
             teacher_forced: agreement,
         },
+        per_layer,
     })
 }
 
@@ -689,13 +723,66 @@ pub fn verify_on(
     device: VerifyDevice,
     progress: impl Fn(usize, usize, &str) + Sync,
 ) -> Result<VerifyReport> {
+    let options = VerifyOptions {
+        limit,
+        served,
+        device,
+        per_layer: false,
+    };
+    verify_with(quantized, reference, manifest, &options, progress)
+}
+
+/// What a verify run does beyond the defaults.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct VerifyOptions {
+    /// Only the first `limit` utterances of the manifest.
+    pub limit: Option<usize>,
+    /// The dtype the quantized GEMMs round to.
+    pub served: OutDtype,
+    /// Where the quantized model's GEMMs run (the per-layer breakdown always runs on the CPU).
+    pub device: VerifyDevice,
+    /// Adds the per-layer breakdown ([`per_layer`]): one teacher-forced pass of the reference
+    /// model per quantized layer and utterance. A checkpoint with SmoothQuant folds into norms or
+    /// V projections needs its recorded factors (`smoothing_factors.safetensors`).
+    pub per_layer: bool,
+}
+
+impl Default for VerifyOptions {
+    fn default() -> Self {
+        VerifyOptions {
+            limit: None,
+            served: OutDtype::F16,
+            device: VerifyDevice::Cpu,
+            per_layer: false,
+        }
+    }
+}
+
+/// The verify run with every option; [`verify`] and [`verify_on`] are shorthands of it.
+pub fn verify_with(
+    quantized: &Path,
+    reference: &Path,
+    manifest: &Manifest,
+    options: &VerifyOptions,
+    progress: impl Fn(usize, usize, &str) + Sync,
+) -> Result<VerifyReport> {
+    let VerifyOptions {
+        limit,
+        served,
+        device,
+        per_layer: with_layers,
+    } = *options;
     #[cfg(not(feature = "cuda"))]
     if device == VerifyDevice::Cuda {
         return Err(no_cuda());
     }
     let q = QuantizedModel::load(quantized)?;
-    let lane = Lane::open(device, &q)?;
     let r = Transcriber::new(&Checkpoint::open(reference)?)?;
+    // Checked before any work: a checkpoint without its smoothing factors is refused here.
+    let plan = with_layers
+        .then(|| per_layer::Plan::new(&q, quantized, &r.model))
+        .transpose()?;
+    let lane = Lane::open(device, &q)?;
     let started = std::time::Instant::now();
     let chosen: Vec<_> = manifest
         .utterances
@@ -708,9 +795,11 @@ pub fn verify_on(
     let runs = chosen
         .par_iter()
         .map(|u| {
-            let run = verify_one(&q, &r, u, &lane, served).map_err(|e| Error::Utterance {
-                id: u.id.clone(),
-                source: Box::new(e),
+            let run = verify_one(&q, &r, u, &lane, served, plan.as_ref()).map_err(|e| {
+                Error::Utterance {
+                    id: u.id.clone(),
+                    source: Box::new(e),
+                }
             })?;
             let mut n = done.lock().unwrap_or_else(|p| p.into_inner());
             *n += 1;
@@ -721,7 +810,9 @@ pub fn verify_on(
     let mut all = Tally::default();
     let mut by_source: BTreeMap<String, Tally> = BTreeMap::new();
     let mut transcripts = Vec::new();
-    for (u, run) in chosen.iter().zip(runs) {
+    let mut layer_figures = Vec::new();
+    for (u, mut run) in chosen.iter().zip(runs) {
+        layer_figures.extend(run.per_layer.take());
         all.add(&run);
         by_source
             .entry(source_name(u).to_string())
@@ -753,5 +844,6 @@ pub fn verify_on(
         seconds,
         utterances_per_second: chosen.len() as f64 / seconds.max(1e-9),
         transcripts,
+        per_layer: plan.map(|p| per_layer::report(&p, &layer_figures)),
     })
 }

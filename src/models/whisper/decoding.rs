@@ -5,7 +5,7 @@ use std::path::Path;
 
 use candle_core::Tensor;
 
-use super::forward::{argmax_allowed, logits_rows, LinearExec, Whisper};
+use super::forward::{argmax_allowed, logits_rows, DecoderState, LinearExec, Whisper};
 use crate::error::{Error, Result};
 
 /// Whisper's `sample_len`: at most this many generated tokens (n_text_ctx / 2).
@@ -420,7 +420,19 @@ pub fn teacher_forced(
     rules: &DecodingRules,
     tokens: &[u32],
 ) -> Result<Vec<Vec<f32>>> {
-    let mut state = model.start_decoder(exec, audio)?;
+    let state = model.start_decoder(exec, audio)?;
+    teacher_forced_from(model, exec, state, rules, tokens)
+}
+
+/// [`teacher_forced`] from a fresh decoder state (as [`Whisper::start_decoder`] returned it, or
+/// a clone of one): the cross-attention keys and values are not computed again.
+pub fn teacher_forced_from(
+    model: &Whisper,
+    exec: &mut dyn LinearExec,
+    mut state: DecoderState,
+    rules: &DecodingRules,
+    tokens: &[u32],
+) -> Result<Vec<Vec<f32>>> {
     let mut input = rules.prompt.clone();
     input.extend_from_slice(tokens);
     let rows = logits_rows(&model.decode(exec, &mut state, &input)?)?;

@@ -407,6 +407,7 @@ fn im2col3(x: &Tensor, stride: usize, what: &str) -> Result<Tensor> {
 }
 
 /// The decoder's caches for one utterance.
+#[derive(Clone, Debug)]
 pub struct DecoderState {
     /// Per layer: self-attention keys and values so far.
     self_kv: Vec<KeysValues>,
@@ -504,6 +505,66 @@ impl Whisper {
         n_mels: usize,
         frames: usize,
     ) -> Result<Tensor> {
+        let x = self.encoder_stem(exec, mel, n_mels, frames)?;
+        self.encode_from_layer(exec, x, 0)
+    }
+
+    /// [`Self::encode`], also returning the residual stream entering each encoder layer, from
+    /// which [`Self::encode_from_layer`] resumes.
+    pub fn encode_keeping_layer_inputs(
+        &self,
+        exec: &mut dyn LinearExec,
+        mel: &[f32],
+        n_mels: usize,
+        frames: usize,
+    ) -> Result<(Tensor, Vec<Tensor>)> {
+        let mut x = self.encoder_stem(exec, mel, n_mels, frames)?;
+        let mut inputs = Vec::with_capacity(self.encoder_layers.len());
+        for layer in &self.encoder_layers {
+            inputs.push(x.clone());
+            x = self.encoder_layer(exec, layer, x)?;
+        }
+        Ok((self.encoder_norm.forward(&x)?, inputs))
+    }
+
+    /// The encoder from the residual stream `x` entering layer `first` (0-based) to its output.
+    pub fn encode_from_layer(
+        &self,
+        exec: &mut dyn LinearExec,
+        mut x: Tensor,
+        first: usize,
+    ) -> Result<Tensor> {
+        for layer in self.encoder_layers.iter().skip(first) {
+            x = self.encoder_layer(exec, layer, x)?;
+        }
+        self.encoder_norm.forward(&x)
+    }
+
+    /// The encoder layer (0-based) whose GEMMs include `layer`; `None` for the convolutions and
+    /// every decoder layer.
+    pub fn encoder_layer_of(&self, layer: &str) -> Option<usize> {
+        self.encoder_layers.iter().position(|l| {
+            [
+                &l.attn.q,
+                &l.attn.k,
+                &l.attn.v,
+                &l.attn.out,
+                &l.ffn.fc1,
+                &l.ffn.fc2,
+            ]
+            .iter()
+            .any(|g| g.name == layer)
+        })
+    }
+
+    /// The convolution stem with the positions added: the stream entering encoder layer 0.
+    fn encoder_stem(
+        &self,
+        exec: &mut dyn LinearExec,
+        mel: &[f32],
+        n_mels: usize,
+        frames: usize,
+    ) -> Result<Tensor> {
         let what = "encoder";
         if n_mels != self.config.num_mel_bins || mel.len() != n_mels * frames || frames == 0 {
             return Err(Error::Model { what: what.into(), message: format!("expected a [{}, frames] log-mel, got {} values for {n_mels} bands x {frames} frames", self.config.num_mel_bins, mel.len()) });
@@ -524,16 +585,21 @@ impl Whisper {
                 ),
             });
         }
-        let mut x = x
-            .broadcast_add(&self.encoder_positions.i(..len).map_err(ce(what))?)
-            .map_err(ce(what))?;
-        for layer in &self.encoder_layers {
-            let h = layer.attn_norm.forward(&x)?;
-            let kv = layer.attn.keys_values(exec, &h)?;
-            x = (x + layer.attn.attend(exec, &h, &kv, None)?).map_err(ce(what))?;
-            x = (&x + layer.ffn.forward(exec, &x)?).map_err(ce(what))?;
-        }
-        self.encoder_norm.forward(&x)
+        x.broadcast_add(&self.encoder_positions.i(..len).map_err(ce(what))?)
+            .map_err(ce(what))
+    }
+
+    fn encoder_layer(
+        &self,
+        exec: &mut dyn LinearExec,
+        layer: &EncoderLayer,
+        x: Tensor,
+    ) -> Result<Tensor> {
+        let what = "encoder";
+        let h = layer.attn_norm.forward(&x)?;
+        let kv = layer.attn.keys_values(exec, &h)?;
+        let x = (x + layer.attn.attend(exec, &h, &kv, None)?).map_err(ce(what))?;
+        (&x + layer.ffn.forward(exec, &x)?).map_err(ce(what))
     }
 
     /// A fresh decoder state over an encoder output (computes the cross-attention keys/values).

@@ -7,8 +7,8 @@ mod layout;
 
 pub use config::WhisperConfig;
 pub use decoding::{
-    decode_with_fallback, greedy, teacher_forced, token_limit, Decoded, DecodingRules, Fallback,
-    WhisperTokenizer,
+    decode_with_fallback, greedy, teacher_forced, teacher_forced_from, token_limit, Decoded,
+    DecodingRules, Fallback, WhisperTokenizer,
 };
 pub use forward::{FullPrecision, Linear, LinearExec, Whisper};
 pub use layout::{expected_tensors, quantization_layout};
