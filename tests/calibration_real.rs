@@ -145,6 +145,8 @@ fn smoothquant_recipes_write_folds_smoothers_and_provenance() {
         .calib_manifest(&calib)
         .calib_utterances(4)
         .option("smoothquant.alpha=0.6")
+        // The recipe smooths through folds only; the runtime smoothers are still an option.
+        .option("smoothquant.runtime=true")
         .run()
         .unwrap();
     let out = Checkpoint::open(&dst).unwrap();
@@ -311,4 +313,42 @@ fn calibration_inputs_are_checked() {
         "{text}"
     );
     assert!(!tmp.path().join("x").exists());
+}
+
+/// The built-in recipe smooths through folds only (no `smooth_inv` anywhere), with its recorded
+/// options, and the floor keeps every factor within reach of the group's others.
+#[test]
+fn smoothquant_recipe_smooths_through_folds_only() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (calib, _) = common::manifests();
+    let dst = tmp.path().join("sq");
+    let outcome = Quantizer::new(common::tiny_en(), &dst)
+        .recipe("smoothquant_w8a8")
+        .calib_manifest(&calib)
+        .calib_utterances(4)
+        .run()
+        .unwrap();
+    let out = Checkpoint::open(&dst).unwrap();
+    let spec = out.config.quantization.as_ref().unwrap();
+    assert!(!out.tensors.keys().any(|k| k.ends_with(".smooth_inv")));
+    for (name, layer) in &spec.layers {
+        assert_ne!(layer.smooth, SmoothFold::Runtime, "{name}");
+    }
+    assert_eq!(spec.layers["encoder.layers.0.fc2"].smooth, SmoothFold::None);
+    assert_eq!(
+        spec.layers["encoder.layers.0.fc1"].smooth,
+        SmoothFold::NormAffine
+    );
+    let options = &spec.producer.algorithms[0].options;
+    assert_eq!(options["runtime"], serde_json::json!(false));
+    assert_eq!(options["floor"], serde_json::json!(0.1));
+    assert_eq!(options["alpha"], serde_json::json!(0.6));
+    // The floor: no active channel's max counts below a tenth of the median, so with α 0.6
+    // s never drops below (0.1 · median)^0.6 / max|W|^0.4 of its group.
+    let report = outcome.report.unwrap();
+    assert!(report
+        .layers
+        .iter()
+        .filter(|l| l.smooth == SmoothFold::NormAffine)
+        .all(|l| l.smoothing_factor_min.unwrap() > 0.0));
 }

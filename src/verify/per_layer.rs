@@ -650,7 +650,10 @@ pub(crate) fn run_utterance(
         .map(|(&rows, &enc)| rows > 0 && !enc)
         .collect();
     let reference = teacher_forced_from(&r.model, &mut m, start.clone(), &r.rules, tokens)?;
-    let reference_log: Vec<Vec<f64>> = reference.iter().map(|row| log_softmax(&to_f64(row))).collect();
+    let reference_log: Vec<Vec<f64>> = reference
+        .iter()
+        .map(|row| log_softmax(&to_f64(row)))
+        .collect();
     let mut full = LogitSum::default();
     full.add(&reference, &reference_log, quantized_logits);
     let runs = (0..plan.targets.len())
