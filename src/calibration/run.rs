@@ -136,21 +136,11 @@ where
         .par_iter()
         .enumerate()
         .map(|(i, u)| {
-            let mut o = observer();
-            let tokens = observe_one(
-                t,
-                u,
-                i,
-                decoder,
-                &mut ObservingExec {
-                    observer: &mut o,
-                    inner: exec(),
-                },
-            )
-            .map_err(|e| Error::Utterance {
-                id: u.id.clone(),
-                source: Box::new(e),
-            })?;
+            let (o, tokens) =
+                observe_one(t, u, i, decoder, &observer, &exec).map_err(|e| Error::Utterance {
+                    id: u.id.clone(),
+                    source: Box::new(e),
+                })?;
             let mut n = done.lock().unwrap_or_else(|p| p.into_inner());
             *n += 1;
             progress(*n, total, &u.id);
@@ -173,25 +163,50 @@ where
 /// frontend, which for Whisper includes its 30 s window, the encoder, and the decoder over the
 /// model's own transcript. (Whisper fed only the content frames never emits end-of-text on short
 /// clips and would calibrate its decoder on 224 tokens of repetition; see docs/calibration.md.)
-/// Scoring the transcript in one teacher-forced call shows the decoder's GEMMs the same rows as
-/// the step-by-step decoding did: the prompt, then each generated token.
+/// The decoder is observed while it decodes; when the safeguards retried (a decoding at a
+/// temperature above 0 was kept, or every one failed), those observations are dropped and the
+/// decoder scores the kept transcript in one teacher-forced call instead, which shows its GEMMs
+/// the same rows a decoding of it computes: the prompt, then each generated token.
 fn observe_one<O: Observer, E: LinearExec>(
     t: &Transcriber,
     u: &Utterance,
     index: usize,
     decoder: DecoderPass<'_>,
-    exec: &mut ObservingExec<'_, O, E>,
-) -> Result<Vec<u32>> {
+    observer: &impl Fn() -> O,
+    exec: &impl Fn() -> E,
+) -> Result<(O, Vec<u32>)> {
     let samples = t.read(u)?;
-    let audio = t.encode(exec, &samples)?;
+    let mut o = observer();
+    let mut observing = ObservingExec {
+        observer: &mut o,
+        inner: exec(),
+    };
+    let audio = t.encode(&mut observing, &samples)?;
     let tokens = match decoder {
-        DecoderPass::Skip => return Ok(Vec::new()),
-        DecoderPass::Tokens(all) => all[index].clone(),
+        DecoderPass::Skip => Vec::new(),
+        DecoderPass::Tokens(all) => {
+            let tokens = all[index].clone();
+            teacher_forced(&t.model, &mut observing, &audio, &t.rules, &tokens)?;
+            tokens
+        }
         DecoderPass::Decode => {
-            t.decode_encoded(&mut exec.inner, &audio, samples.len(), false)?
-                .tokens
+            let mut steps = observer();
+            let decoded = t.decode_encoded(
+                &mut ObservingExec {
+                    observer: &mut steps,
+                    inner: exec(),
+                },
+                &audio,
+                samples.len(),
+                false,
+            )?;
+            if decoded.attempts == 1 {
+                observing.observer.merge(steps);
+            } else {
+                teacher_forced(&t.model, &mut observing, &audio, &t.rules, &decoded.tokens)?;
+            }
+            decoded.tokens
         }
     };
-    teacher_forced(&t.model, exec, &audio, &t.rules, &tokens)?;
-    Ok(tokens)
+    Ok((o, tokens))
 }
