@@ -144,7 +144,7 @@ pub struct TranscriptionReport {
     /// Over the utterances with a reference text.
     pub word_errors: WordErrors,
     pub wer: Option<f64>,
-    /// Word errors per manifest `source` (`-` for utterances without one).
+    /// Word errors per manifest `source` (`(none)` for utterances without one).
     pub word_errors_by_source: std::collections::BTreeMap<String, WordErrors>,
     /// Utterances whose greedy decoding failed the fallback's checks and was retried.
     pub fallbacks: usize,

@@ -560,9 +560,13 @@ pub struct SourceFigures {
     pub nonfinite: usize,
 }
 
-/// The name of an utterance's source in a report (`-` when the manifest names none).
+/// The key of utterances without a manifest `source` in the per-source breakdowns.
+pub const UNNAMED_SOURCE: &str = "(none)";
+
+/// The name of an utterance's source in a report ([`UNNAMED_SOURCE`] when the manifest names
+/// none).
 pub fn source_name(u: &Utterance) -> &str {
-    u.source.as_deref().unwrap_or("-")
+    u.source.as_deref().unwrap_or(UNNAMED_SOURCE)
 }
 
 /// One utterance of a verify run.
@@ -604,7 +608,7 @@ pub struct VerifyReport {
     pub teacher_forced: Agreement,
     /// Non-finite values in the quantized model's GEMM outputs and logits.
     pub nonfinite: usize,
-    /// The same figures per manifest `source` (`-` for utterances without one).
+    /// The same figures per manifest `source` (`(none)` for utterances without one).
     pub by_source: BTreeMap<String, SourceFigures>,
     pub seconds: f64,
     pub utterances_per_second: f64,

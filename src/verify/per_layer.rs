@@ -26,7 +26,7 @@ use candle_core::{Device, Tensor};
 use rayon::prelude::*;
 use serde::Serialize;
 
-use super::{cosine, kl, log_softmax, to_f64, QuantizedLayer, QuantizedModel};
+use super::{cosine, kl, log_softmax, to_f64, QuantizedLayer, QuantizedModel, UNNAMED_SOURCE};
 use crate::calibration::Utterance;
 use crate::checkpoint::{read_smoothing_factors, SMOOTHING_FACTORS_FILE, SMOOTHING_FACTORS_SUFFIX};
 use crate::error::{Error, Result};
@@ -35,9 +35,6 @@ use crate::models::whisper::forward::{ce, gelu, to_vec, Linear, LinearExec};
 use crate::models::whisper::{teacher_forced_from, Whisper};
 use crate::numerics::{self, Activation, OutDtype};
 use crate::transcribe::Transcriber;
-
-/// The key of utterances without a manifest `source` in the per-source breakdowns.
-pub const UNNAMED_SOURCE: &str = "(none)";
 
 /// Whether a fold put a group's 1/s into another module (so the checkpoint's tensors no longer
 /// show s).
