@@ -54,11 +54,15 @@ fn check_fused_checkpoint(
     let max_ratio = spec.producer.algorithms[1].options["max_error_ratio"]
         .as_f64()
         .unwrap();
-    let headroom = spec.producer.algorithms[1].options["headroom"]
-        .as_f64()
+    // Recorded only when it is not 1.
+    let headroom = spec.producer.algorithms[1]
+        .options
+        .get("headroom")
+        .and_then(|v| v.as_f64())
         .unwrap_or(1.0);
     // The static consumer keeps its runtime smoother only when the recipe smooths at run time.
-    let smooth = if spec.producer.algorithms[0].options["runtime"] == serde_json::json!(true) {
+    let runtime = spec.producer.algorithms[0].options.get("runtime");
+    let smooth = if runtime == Some(&serde_json::json!(true)) {
         SmoothFold::Runtime
     } else {
         SmoothFold::None
