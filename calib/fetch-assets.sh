@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Fetch the real test assets (DESIGN.md section 9) into a cache outside the repository,
+# Fetch the real test assets (Whisper tiny.en, the calibration and gate speech sets) into a cache outside the repository,
 # verified by sha256. Idempotent; a warm cache is checked and reused (well under 2 s).
 # Parts: whisper-tiny.en (the model), asterisk/ (calibration + gate speech, one voice) and
 # crossdomain/ (dev + gate speech from voices and speakers that calibration never heard).

@@ -29,7 +29,7 @@ typedef long long i64;
 #define OASR_Q_INT8 0
 #define OASR_Q_E4M3 1
 
-// The epilogue of a scaled GEMM (DESIGN.md section 3), shared by every GEMM kernel and by the
+// The epilogue of a scaled GEMM (docs/numerics.md), shared by every GEMM kernel and by the
 // stand-alone epilogue kernel that follows a cuBLASLt int32 GEMM in the benchmark.
 //
 //   v = act(a_scale[m] * (weight_scale[n] * acc) + bias[n])

@@ -1,4 +1,4 @@
-// The epilogue of DESIGN.md section 3 as a kernel of its own, applied to an int32 [M, N]
+// The scaled-GEMM epilogue (docs/numerics.md) as a kernel of its own, applied to an int32 [M, N]
 // accumulator written by another GEMM (cuBLASLt's i8·i8 -> i32 in `bench-gemm`). It computes
 // exactly what the fused epilogue of scaled_mm computes, so "cuBLASLt + this kernel" is
 // bit-identical to our scaled_mm and to the CPU reference: the benchmark compares equal work.

@@ -1,7 +1,7 @@
 // Hopper-native scaled GEMM (sm_90a): warp-specialised, persistent, TMA + mbarrier ring,
 // wgmma.mma_async from 128B-swizzled shared memory, and the same fused epilogue as
 // scaled_mm.cu (common.cuh: oasr_epilogue_value and oasr_round_to_out, the operation order of
-// DESIGN.md section 3).
+// docs/numerics.md).
 //
 // A is [M, K] and W is [N, K] 8-bit codes, both row-major: both K-major, which is what wgmma
 // requires for 8-bit operands. The kernel bodies exist only when compiled for sm_90a

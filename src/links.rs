@@ -1,4 +1,4 @@
-//! Arming the links of DESIGN.md section 4: fused norms and GEMM chains, from the layout and the
+//! Arming the links (docs/format.md): fused norms and GEMM chains, from the layout and the
 //! layers as quantized.
 
 use std::collections::BTreeMap;

@@ -296,6 +296,20 @@ struct EncoderLayer {
     ffn: Ffn,
 }
 
+impl EncoderLayer {
+    /// The layer's quantizable GEMMs, in forward order.
+    fn gemms(&self) -> [&Linear; 6] {
+        [
+            &self.attn.q,
+            &self.attn.k,
+            &self.attn.v,
+            &self.attn.out,
+            &self.ffn.fc1,
+            &self.ffn.fc2,
+        ]
+    }
+}
+
 #[derive(Debug, Clone)]
 struct DecoderLayer {
     self_norm: Norm,
@@ -468,14 +482,7 @@ impl Whisper {
     pub fn linears(&self) -> BTreeMap<&str, &Linear> {
         let mut out: Vec<&Linear> = vec![&self.conv1, &self.conv2];
         for l in &self.encoder_layers {
-            out.extend([
-                &l.attn.q,
-                &l.attn.k,
-                &l.attn.v,
-                &l.attn.out,
-                &l.ffn.fc1,
-                &l.ffn.fc2,
-            ]);
+            out.extend(l.gemms());
         }
         for l in &self.decoder_layers {
             out.extend([
@@ -543,18 +550,9 @@ impl Whisper {
     /// The encoder layer (0-based) whose GEMMs include `layer`; `None` for the convolutions and
     /// every decoder layer.
     pub fn encoder_layer_of(&self, layer: &str) -> Option<usize> {
-        self.encoder_layers.iter().position(|l| {
-            [
-                &l.attn.q,
-                &l.attn.k,
-                &l.attn.v,
-                &l.attn.out,
-                &l.ffn.fc1,
-                &l.ffn.fc2,
-            ]
+        self.encoder_layers
             .iter()
-            .any(|g| g.name == layer)
-        })
+            .position(|l| l.gemms().iter().any(|g| g.name == layer))
     }
 
     /// The convolution stem with the positions added: the stream entering encoder layer 0.

@@ -69,7 +69,7 @@ pub fn expected_tensors(c: &WhisperConfig) -> Vec<(String, Vec<usize>)> {
     t
 }
 
-/// Whisper's quantizable layers, smoothing groups and GEMM chains (DESIGN.md section 6).
+/// Whisper's quantizable layers, smoothing groups and GEMM chains (docs/recipes.md).
 pub fn quantization_layout(c: &WhisperConfig) -> QuantizationLayout {
     let d = c.d_model;
     let mut l = QuantizationLayout {
