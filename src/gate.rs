@@ -72,6 +72,9 @@ pub struct GateEntry {
     /// `--ignore` globs.
     #[serde(default)]
     pub ignore: Vec<String>,
+    /// `--quantize-kept`: also quantize what the recipe keeps full precision.
+    #[serde(default)]
+    pub quantize_kept: bool,
     /// Floors on the teacher-forced logit cosine mean, per set.
     #[serde(default)]
     pub min_cosine: BTreeMap<String, f64>,
@@ -445,6 +448,7 @@ fn quantizer_for(
     let recipe = Recipe::load(&entry.recipe)?;
     let mut q = Quantizer::new(&config.model, dst)
         .recipe(&entry.recipe)
+        .quantize_kept(entry.quantize_kept)
         .overwrite(true);
     for (key, value) in &entry.options {
         q = q.option(format!("{key}={value}"));

@@ -44,6 +44,10 @@ struct QuantizeArgs {
     /// Keep layers matching this glob full precision (repeatable).
     #[arg(long, value_name = "GLOB")]
     ignore: Vec<String>,
+    /// Also quantize the layers the recipe keeps full precision (`keep_full_precision` in
+    /// `oasr-quantize recipes`), for comparison.
+    #[arg(long)]
+    quantize_kept: bool,
     /// Module types to quantize: linear, pointwise_conv, conv1d, conv2d, conv, all (comma-separated).
     #[arg(long, value_name = "LIST")]
     module_types: Option<String>,
@@ -315,6 +319,7 @@ fn quantize(args: QuantizeArgs) -> Result<()> {
     };
     let mut q = Quantizer::new(&src, &dst)
         .recipe(&args.recipe)
+        .quantize_kept(args.quantize_kept)
         .overwrite(args.overwrite);
     for option in args.options {
         q = q.option(option);
@@ -632,13 +637,20 @@ fn print_per_layer(p: &oasr_quantize::verify::per_layer::PerLayerReport) {
 fn recipes(json: bool) -> Result<()> {
     let all = Recipe::built_in();
     if json {
-        let list: Vec<_> = all.iter().map(|r| serde_json::json!({"name": r.name, "summary": r.summary, "calibration": r.calibration})).collect();
+        let list: Vec<_> = all.iter().map(|r| serde_json::json!({"name": r.name, "summary": r.summary, "calibration": r.calibration, "keep_full_precision": r.keep_full_precision})).collect();
         println!("{}", serde_json::to_string_pretty(&list)?);
         return Ok(());
     }
     let width = all.iter().map(|r| r.name.len()).max().unwrap_or(0);
     for r in &all {
         println!("{:width$}  {}", r.name, r.summary);
+        if !r.keep_full_precision.is_empty() {
+            println!(
+                "{:width$}  keeps full precision: {}",
+                "",
+                r.keep_full_precision.join(", ")
+            );
+        }
     }
     Ok(())
 }

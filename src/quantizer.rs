@@ -91,6 +91,7 @@ pub struct Quantizer {
     recipe: String,
     options: Vec<String>,
     ignore: Vec<String>,
+    quantize_kept: bool,
     module_types: Option<Vec<ModuleKind>>,
     calib_manifest: Option<PathBuf>,
     audio_root: Option<PathBuf>,
@@ -107,6 +108,7 @@ impl Quantizer {
             recipe: "int8_w8a8_rtn".into(),
             options: Vec::new(),
             ignore: Vec::new(),
+            quantize_kept: false,
             module_types: None,
             calib_manifest: None,
             audio_root: None,
@@ -131,6 +133,13 @@ impl Quantizer {
     /// Keeps layers matching the glob full precision (repeatable).
     pub fn ignore(mut self, glob: impl Into<String>) -> Self {
         self.ignore.push(glob.into());
+        self
+    }
+
+    /// Quantizes the layers the recipe keeps full precision (its `keep_full_precision` globs),
+    /// for comparison.
+    pub fn quantize_kept(mut self, yes: bool) -> Self {
+        self.quantize_kept = yes;
         self
     }
 
@@ -298,9 +307,19 @@ impl Quantizer {
         }
         let layout = layout_of(&source)?;
         let dtype = recipe.scheme.dtype();
+        let no_keep = Vec::new();
+        let rules = selection::RecipeRules {
+            name: &recipe.name,
+            module_types: &recipe.module_types,
+            keep_full_precision: if self.quantize_kept {
+                &no_keep
+            } else {
+                &recipe.keep_full_precision
+            },
+        };
         let selection = selection::select(
             &layout,
-            &recipe.module_types,
+            rules,
             &self.ignore,
             dtype,
             run_plan.static_conv_inputs.is_some() && self.calib_manifest.is_some(),

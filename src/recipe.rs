@@ -53,6 +53,10 @@ pub struct Recipe {
     /// Whether the recipe needs a calibration manifest.
     pub calibration: bool,
     pub kv_cache: Option<String>,
+    /// Layer-name globs the recipe leaves full precision: layers its method cannot quantize
+    /// without a measured accuracy loss (docs/recipes.md). A glob may match nothing (another
+    /// architecture); `Quantizer::quantize_kept` overrides the list.
+    pub keep_full_precision: Vec<String>,
     pub algorithms: Vec<AlgorithmStep>,
 }
 
@@ -68,6 +72,8 @@ struct RecipeFile {
     calibration: bool,
     #[serde(default)]
     kv_cache: Option<String>,
+    #[serde(default)]
+    keep_full_precision: Vec<String>,
     algorithms: Vec<StepFile>,
 }
 
@@ -138,6 +144,10 @@ impl Recipe {
                 )));
             }
         }
+        for glob in &file.keep_full_precision {
+            glob::Pattern::new(glob)
+                .map_err(|e| err(format!("keep_full_precision `{glob}`: invalid glob: {e}")))?;
+        }
         if file.algorithms.is_empty() {
             return Err(err("a recipe needs at least one algorithm".into()));
         }
@@ -167,6 +177,7 @@ impl Recipe {
             module_types,
             calibration: file.calibration,
             kv_cache: file.kv_cache,
+            keep_full_precision: file.keep_full_precision,
             algorithms,
         })
     }

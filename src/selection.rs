@@ -1,5 +1,5 @@
-//! Which layers a run quantizes: the recipe's module types, `--ignore` globs, and the alignment
-//! rules of the serving kernels. Layers left full precision are recorded with the reason.
+//! Which layers a run quantizes: the recipe's module types and `keep_full_precision` globs,
+//! `--ignore` globs, and the alignment rules of the serving kernels. Layers left full precision are recorded with the reason.
 
 use std::collections::BTreeMap;
 
@@ -38,15 +38,33 @@ fn alignment_problem(layer: &QuantizableLayer) -> Option<String> {
     None
 }
 
+/// The recipe's part of selection.
+#[derive(Clone, Copy, Debug)]
+pub struct RecipeRules<'a> {
+    /// The recipe's name, for the reasons recorded.
+    pub name: &'a str,
+    pub module_types: &'a [ModuleKind],
+    /// Globs of layers the recipe keeps full precision; unlike `--ignore`, a glob may match
+    /// nothing (a recipe serves every architecture).
+    pub keep_full_precision: &'a [String],
+}
+
 /// Applies the selection rules. `has_conv_calibration` says whether the run computes the static
 /// input scales convolutions need.
 pub fn select(
     layout: &QuantizationLayout,
-    module_types: &[ModuleKind],
+    recipe: RecipeRules<'_>,
     ignore: &[String],
     dtype: QuantDtype,
     has_conv_calibration: bool,
 ) -> Result<Selection> {
+    let module_types = recipe.module_types;
+    // Validated when the recipe was parsed.
+    let kept: Vec<(glob::Pattern, &String)> = recipe
+        .keep_full_precision
+        .iter()
+        .filter_map(|g| glob::Pattern::new(g).ok().map(|p| (p, g)))
+        .collect();
     let patterns = ignore
         .iter()
         .map(|p| {
@@ -62,6 +80,16 @@ pub fn select(
             selection.skipped.insert(
                 layer.name.clone(),
                 format!("ignored by --ignore {}", ignore[i]),
+            );
+            continue;
+        }
+        if let Some((_, glob)) = kept.iter().find(|(p, _)| p.matches(&layer.name)) {
+            selection.skipped.insert(
+                layer.name.clone(),
+                format!(
+                    "kept full precision by recipe {} (keep_full_precision {glob})",
+                    recipe.name
+                ),
             );
             continue;
         }
@@ -140,7 +168,12 @@ mod tests {
             ..Default::default()
         };
         let kinds = [ModuleKind::Linear, ModuleKind::Conv1d, ModuleKind::Conv2d];
-        let s = select(&layout, &kinds, &[], QuantDtype::Int8, true).unwrap();
+        let rules = RecipeRules {
+            name: "r",
+            module_types: &kinds,
+            keep_full_precision: &[],
+        };
+        let s = select(&layout, rules, &[], QuantDtype::Int8, true).unwrap();
         assert_eq!(
             s.selected
                 .iter()
@@ -153,8 +186,42 @@ mod tests {
         assert!(s.skipped["fc.odd"].contains("out_features 12"));
         // Without the static scales a convolution needs, or in fp8, selecting one is refused.
         for (dtype, calibrated) in [(QuantDtype::Int8, false), (QuantDtype::Float8E4m3fn, true)] {
-            let e = select(&layout, &kinds, &[], dtype, calibrated).unwrap_err();
+            let e = select(&layout, rules, &[], dtype, calibrated).unwrap_err();
             assert!(e.to_string().contains("conv.ok"), "{e}");
         }
+    }
+
+    #[test]
+    fn a_recipe_keep_glob_may_match_nothing_but_an_ignore_glob_may_not() {
+        let layout = QuantizationLayout {
+            layers: vec![
+                layer("decoder.layers.0.fc1", ModuleKind::Linear, 64, 16, 1),
+                layer("decoder.layers.0.fc2", ModuleKind::Linear, 16, 64, 1),
+            ],
+            ..Default::default()
+        };
+        let keep = ["decoder.layers.*.fc2".to_string(), "ctc.*".to_string()];
+        let rules = RecipeRules {
+            name: "smoothquant_w8a8",
+            module_types: &[ModuleKind::Linear],
+            keep_full_precision: &keep,
+        };
+        let s = select(&layout, rules, &[], QuantDtype::Int8, false).unwrap();
+        assert_eq!(s.selected.len(), 1);
+        assert_eq!(s.selected[0].name, "decoder.layers.0.fc1");
+        let reason = &s.skipped["decoder.layers.0.fc2"];
+        assert!(
+            reason.contains("recipe smoothquant_w8a8") && reason.contains("decoder.layers.*.fc2"),
+            "{reason}"
+        );
+        let e = select(
+            &layout,
+            rules,
+            &["ctc.*".to_string()],
+            QuantDtype::Int8,
+            false,
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("--ignore ctc.*"), "{e}");
     }
 }

@@ -145,8 +145,10 @@ fn smoothquant_recipes_write_folds_smoothers_and_provenance() {
         .calib_manifest(&calib)
         .calib_utterances(4)
         .option("smoothquant.alpha=0.6")
-        // The recipe smooths through folds only; the runtime smoothers are still an option.
+        // The recipe smooths through folds only; the runtime smoothers are still an option, and
+        // so is quantizing the decoder's fc2, which the recipe keeps full precision.
         .option("smoothquant.runtime=true")
+        .quantize_kept(true)
         .run()
         .unwrap();
     let out = Checkpoint::open(&dst).unwrap();
@@ -335,6 +337,23 @@ fn smoothquant_recipe_smooths_through_folds_only() {
         assert_ne!(layer.smooth, SmoothFold::Runtime, "{name}");
     }
     assert_eq!(spec.layers["encoder.layers.0.fc2"].smooth, SmoothFold::None);
+    // The decoder's fc2 stays full precision (keep_full_precision), its weight the source's.
+    assert_eq!(spec.layers.len(), 60);
+    let source = Checkpoint::open(&common::tiny_en()).unwrap();
+    for i in 0..4 {
+        let name = format!("decoder.layers.{i}.fc2");
+        assert!(!spec.layers.contains_key(&name), "{name}");
+        assert!(
+            spec.producer.skipped[&name].contains("keep_full_precision"),
+            "{name}"
+        );
+        let w = format!("{name}.weight");
+        assert_eq!(out.tensors[&w].bytes(), source.tensors[&w].bytes(), "{w}");
+        assert!(
+            !out.tensors.contains_key(&format!("{name}.weight_scale")),
+            "{name}"
+        );
+    }
     assert_eq!(
         spec.layers["encoder.layers.0.fc1"].smooth,
         SmoothFold::NormAffine

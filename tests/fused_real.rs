@@ -50,7 +50,20 @@ fn check_fused_checkpoint(
         QuantDtype::Int8 => (Scheme::Int8W8a8, Scheme::Int8W8a8Static),
         QuantDtype::Float8E4m3fn => (Scheme::Fp8W8a8, Scheme::Fp8W8a8Static),
     };
-    assert_eq!(spec.layers.len(), 64);
+    // The recipe keeps the decoder's four fc2 full precision, and says why.
+    assert_eq!(spec.layers.len(), 60);
+    for i in 0..4 {
+        let name = format!("decoder.layers.{i}.fc2");
+        assert!(!spec.layers.contains_key(&name), "{name}");
+        assert!(
+            spec.producer.skipped[&name].contains("keep_full_precision"),
+            "{name}"
+        );
+        assert!(
+            report.skipped[&name].contains("kept full precision by recipe"),
+            "{name}"
+        );
+    }
     let max_ratio = spec.producer.algorithms[1].options["max_error_ratio"]
         .as_f64()
         .unwrap();

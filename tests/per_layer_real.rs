@@ -79,7 +79,8 @@ fn per_layer_breaks_the_smoothquant_error_down_by_layer() {
     };
     let v = verify_with(&q, &common::tiny_en(), &manifest, &options, |_, _, _| {}).unwrap();
     let p = v.per_layer.as_ref().expect("per_layer section");
-    assert_eq!((p.utterances, p.layers.len(), p.nonfinite), (2, 64, 0));
+    // The recipe keeps the decoder's four fc2 full precision.
+    assert_eq!((p.utterances, p.layers.len(), p.nonfinite), (2, 60, 0));
     let full = &p.full_model;
     assert!(full.steps > 3, "{full:?}");
     assert!(
