@@ -1,29 +1,47 @@
 //! The library's error type. Every variant names what is at fault: a file, a tensor, a layer, an
 //! option or a recipe, so the CLI can print it as is.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+
+/// A path as error messages show it: in full up to [`SHOWN_PATH_CHARS`] characters, otherwise
+/// its start and end around an ellipsis (a pathological path must not flood the terminal).
+pub fn shown(path: &Path) -> String {
+    let text = path.display().to_string();
+    let chars = text.chars().count();
+    if chars <= SHOWN_PATH_CHARS {
+        return text;
+    }
+    let keep = SHOWN_PATH_CHARS / 2;
+    let head: String = text.chars().take(keep).collect();
+    let tail: String = text.chars().skip(chars - keep).collect();
+    format!("{head}…({} characters)…{tail}", chars - 2 * keep)
+}
+
+/// The longest path an error message shows in full.
+pub const SHOWN_PATH_CHARS: usize = 256;
 
 /// Everything that can go wrong in the library.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("{}: {source}", path.display())]
+    // The causes below are part of the message, not a `source()`: a printer that walks the
+    // chain would show them twice.
+    #[error("{}: {error}", shown(path))]
     Io {
         path: PathBuf,
-        #[source]
-        source: std::io::Error,
+        error: std::io::Error,
     },
     /// A file that exists but cannot be what it claims to be: truncated, corrupt, or inconsistent.
-    #[error("{}: {message}", path.display())]
+    #[error("{}: {message}", shown(path))]
     Corrupt { path: PathBuf, message: String },
-    #[error("{}: not a checkpoint this tool can read: {message}", path.display())]
+    #[error("{}: not a checkpoint this tool can read: {message}", shown(path))]
     UnknownFormat { path: PathBuf, message: String },
-    #[error("{}: ambiguous checkpoint: it matches {}; keep only one format's files in the directory", path.display(), candidates.join(" and "))]
+    #[error("{}: ambiguous checkpoint: it matches {}; keep only one format's files in the directory", shown(path), candidates.join(" and "))]
     AmbiguousFormat {
         path: PathBuf,
         candidates: Vec<String>,
     },
     /// A tensor that is missing, or has the wrong dtype or shape.
-    #[error("{}: tensor `{name}`: {message}", path.display())]
+    #[error("{}: tensor `{name}`: {message}", shown(path))]
     Tensor {
         path: PathBuf,
         name: String,
@@ -41,27 +59,19 @@ pub enum Error {
     #[error("{what} is not implemented in this version of oasr-quantize: {detail}")]
     NotImplemented { what: String, detail: String },
     /// A failure while regenerating or verifying one entry of a gate file.
-    #[error("gate entry `{entry}`: {source}")]
-    GateEntry {
-        entry: String,
-        #[source]
-        source: Box<Error>,
-    },
+    #[error("gate entry `{entry}`: {error}")]
+    GateEntry { entry: String, error: Box<Error> },
     /// A failure while processing one utterance of a manifest.
-    #[error("utterance `{id}`: {source}")]
-    Utterance {
-        id: String,
-        #[source]
-        source: Box<Error>,
-    },
+    #[error("utterance `{id}`: {error}")]
+    Utterance { id: String, error: Box<Error> },
     /// A failure inside a model's forward pass.
     #[error("{what}: {message}")]
     Model { what: String, message: String },
     /// A diagnostic file an operation needs and the checkpoint does not carry (e.g. the
     /// smoothing factors `verify --per-layer` reads); `message` says how to get it.
-    #[error("{}: {message}", path.display())]
+    #[error("{}: {message}", shown(path))]
     MissingDiagnostics { path: PathBuf, message: String },
-    #[error("output {}: {message}", path.display())]
+    #[error("output {}: {message}", shown(path))]
     Output { path: PathBuf, message: String },
     /// The CUDA runtime (feature `cuda`) could not do `what`: no driver, no GPU, no NVRTC, a
     /// failed compilation, launch or copy. `message` says why and what to do.
@@ -72,7 +82,7 @@ pub enum Error {
     #[error("{op}: {message}")]
     ShapeRefused { op: String, message: String },
     /// An audio file whose sample rate is not the model's. Audio is never resampled.
-    #[error("{}: sample rate is {found} Hz but the model expects {expected} Hz (oasr-quantize does not resample; convert the file first, e.g. `sox IN -r {expected} OUT`)", path.display())]
+    #[error("{}: sample rate is {found} Hz but the model expects {expected} Hz (oasr-quantize does not resample; convert the file first, e.g. `sox IN -r {expected} OUT`)", shown(path))]
     SampleRate {
         path: PathBuf,
         found: u32,
@@ -87,7 +97,7 @@ impl Error {
     pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
         Error::Io {
             path: path.into(),
-            source,
+            error: source,
         }
     }
 

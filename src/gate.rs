@@ -365,7 +365,7 @@ pub fn run_gate(
         let dst = options.work_dir.join(&entry.name);
         let in_entry = |e: Error| Error::GateEntry {
             entry: entry.name.clone(),
-            source: Box::new(e),
+            error: Box::new(e),
         };
         let started = std::time::Instant::now();
         quantizer_for(config, profile, entry, &dst, progress.clone())

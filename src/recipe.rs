@@ -134,7 +134,8 @@ impl Recipe {
             )));
         }
         let module_types = match file.module_types {
-            Some(list) => ModuleKind::parse_list(&list.join(","))?,
+            Some(list) => ModuleKind::parse_list(&list.join(","))
+                .map_err(|e| err(format!("module_types: {}", inner_message(&e))))?,
             None => ModuleKind::DEFAULT.to_vec(),
         };
         if let Some(kv) = &file.kv_cache {
@@ -151,24 +152,44 @@ impl Recipe {
         if file.algorithms.is_empty() {
             return Err(err("a recipe needs at least one algorithm".into()));
         }
-        let mut algorithms = Vec::new();
-        for step in file.algorithms {
-            algorithms::check_known(&step.name).map_err(|e| err(e.to_string()))?;
+        let mut algorithms: Vec<AlgorithmStep> = Vec::new();
+        for (index, step) in file.algorithms.into_iter().enumerate() {
+            let at = format!("algorithms[{index}] `{}`", step.name);
+            algorithms::check_known(&step.name)
+                .map_err(|e| err(format!("{at}: {}", inner_message(&e))))?;
+            if algorithms.iter().any(|a| a.name == step.name) {
+                return Err(err(format!("{at}: the algorithm is listed twice")));
+            }
+            if let Some(later) = algorithms
+                .iter()
+                .find(|a| algorithms::stage(&a.name) > algorithms::stage(&step.name))
+            {
+                return Err(err(format!(
+                    "{at}: must come before `{}` (the order is {})",
+                    later.name,
+                    algorithms::ORDER
+                )));
+            }
             let options = step
                 .options
                 .into_iter()
                 .map(|(k, v)| {
-                    Ok((
-                        k,
-                        toml_to_json(&v)
-                            .map_err(|m| err(format!("{}.{}: {m}", step.name, "options")))?,
-                    ))
+                    algorithms::check_option(&step.name, &k)
+                        .map_err(|e| err(format!("{at}: {}", inner_message(&e))))?;
+                    let value = toml_to_json(&v).map_err(|m| err(format!("{at}.{k}: {m}")))?;
+                    Ok((k, value))
                 })
                 .collect::<Result<_>>()?;
             algorithms.push(AlgorithmStep {
                 name: step.name,
                 options,
             });
+        }
+        if algorithms.last().map(|a| a.name.as_str()) != Some("rtn") {
+            return Err(err(format!(
+                "the last algorithm must be `rtn`, which quantizes the weights (the order is {})",
+                algorithms::ORDER
+            )));
         }
         Ok(Recipe {
             name: file.name,
@@ -215,8 +236,22 @@ impl Recipe {
     }
 }
 
+/// An option error's message without its `option `...`: ` prefix, for a recipe error that names
+/// the place itself.
+fn inner_message(e: &Error) -> String {
+    match e {
+        Error::InvalidOption { message, .. } => message.clone(),
+        other => other.to_string(),
+    }
+}
+
 fn toml_to_json(value: &toml::Value) -> Result<serde_json::Value, String> {
     Ok(match value {
+        toml::Value::String(s) if s.chars().any(char::is_control) => {
+            return Err(format!(
+                "the string {s:?} contains a control character (a newline, tab, ...)"
+            ))
+        }
         toml::Value::String(s) => serde_json::Value::String(s.clone()),
         toml::Value::Integer(i) => serde_json::Value::from(*i),
         toml::Value::Float(f) => serde_json::Number::from_f64(*f)
@@ -282,5 +317,59 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.to_string().contains("at least one"), "{e}");
+    }
+
+    fn recipe_error(body: &str) -> String {
+        let text = format!("name='x'\nsummary='s'\nscheme='int8_w8a8'\n{body}");
+        let e = Recipe::parse("x.toml", &text).unwrap_err();
+        assert!(matches!(e, Error::Recipe { .. }), "{e:?}");
+        e.to_string()
+    }
+
+    #[test]
+    fn recipe_files_are_checked_as_strictly_as_the_command_line() {
+        // Unknown options inside a recipe, as `--option` refuses them.
+        let e = recipe_error("[[algorithms]]\nname='rtn'\noptions={bits=4}");
+        assert!(
+            e.contains("algorithms[0] `rtn`") && e.contains("takes no options"),
+            "{e}"
+        );
+        let e = recipe_error(
+            "[[algorithms]]\nname='smoothquant'\noptions={beta=1}\n[[algorithms]]\nname='rtn'",
+        );
+        assert!(e.contains("`smoothquant`") && e.contains("alpha"), "{e}");
+        // Duplicates and order.
+        let e = recipe_error("[[algorithms]]\nname='rtn'\n[[algorithms]]\nname='rtn'");
+        assert!(
+            e.contains("algorithms[1] `rtn`") && e.contains("twice"),
+            "{e}"
+        );
+        let e = recipe_error("[[algorithms]]\nname='rtn'\n[[algorithms]]\nname='smoothquant'");
+        assert!(e.contains("must come before `rtn`"), "{e}");
+        let e = recipe_error(
+            "[[algorithms]]\nname='static_inputs'\n[[algorithms]]\nname='smoothquant'\n[[algorithms]]\nname='rtn'",
+        );
+        assert!(e.contains("must come before `static_inputs`"), "{e}");
+        let e = recipe_error("[[algorithms]]\nname='smoothquant'");
+        assert!(e.contains("last algorithm must be `rtn`"), "{e}");
+        // Control characters in a value, in the file and on the command line.
+        let e = recipe_error(
+            "[[algorithms]]\nname='static_inputs'\noptions={observer=\"mse\\nminmax\"}\n[[algorithms]]\nname='rtn'",
+        );
+        assert!(e.contains("control character"), "{e}");
+        let mut r = Recipe::load("smoothquant_w8a8_fused").unwrap();
+        let e = r
+            .set_option("static_inputs.observer=mse\nminmax")
+            .unwrap_err();
+        assert!(e.to_string().contains("control character"), "{e}");
+        // A bad module type is the recipe's fault, not `--module-types`'.
+        let e = recipe_error("module_types=['linear','lstm']\n[[algorithms]]\nname='rtn'");
+        assert!(
+            e.contains("recipe `x.toml`: module_types") && !e.contains("--module-types"),
+            "{e}"
+        );
+        // A bad keep glob.
+        let e = recipe_error("keep_full_precision=['[']\n[[algorithms]]\nname='rtn'");
+        assert!(e.contains("keep_full_precision"), "{e}");
     }
 }

@@ -7,8 +7,8 @@ use serde::Serialize;
 
 use crate::calibration::{Manifest, Utterance};
 use crate::checkpoint::Checkpoint;
-use crate::error::{Error, Result};
-use crate::frontend::{read_audio, WhisperFrontend};
+use crate::error::{shown, Error, Result};
+use crate::frontend::{read_audio, whisper_logmel::N_SAMPLES, WhisperFrontend};
 use crate::models::whisper::{
     decode_with_fallback, token_limit, Decoded, DecodingRules, Fallback, FullPrecision, LinearExec,
     Whisper, WhisperTokenizer,
@@ -61,12 +61,28 @@ impl Transcriber {
         })
     }
 
-    /// Reads an utterance's audio; errors name the utterance.
+    /// Reads an utterance's audio; errors name the utterance. Audio longer than Whisper's 30 s
+    /// window is refused by name: this version does not decode long-form audio window by window,
+    /// and truncating it would drop speech silently.
     pub fn read(&self, utterance: &Utterance) -> Result<Vec<f32>> {
-        read_audio(&utterance.audio, self.sample_rate).map_err(|e| Error::Utterance {
+        let in_utterance = |e: Error| Error::Utterance {
             id: utterance.id.clone(),
-            source: Box::new(e),
-        })
+            error: Box::new(e),
+        };
+        let samples = read_audio(&utterance.audio, self.sample_rate).map_err(in_utterance)?;
+        if samples.len() > N_SAMPLES {
+            return Err(in_utterance(Error::NotImplemented {
+                what: format!(
+                    "audio longer than Whisper's 30 s window ({}: {:.2} s)",
+                    shown(&utterance.audio),
+                    samples.len() as f64 / f64::from(self.sample_rate)
+                ),
+                detail: "long-form transcription (sequential 30 s windows) is not supported; \
+                         split the file into clips of at most 30 s"
+                    .into(),
+            }));
+        }
+        Ok(samples)
     }
 
     /// The encoder output for 16 kHz samples, from the 30 s log-mel the model was trained on.
@@ -154,6 +170,18 @@ pub struct TranscriptionReport {
     pub utterances_per_second: f64,
 }
 
+/// Refuses a `--limit` that selects no utterance: a report over nothing would print figures
+/// (a cosine of 0, a WER of 0) that were never measured.
+pub(crate) fn check_limit(limit: Option<usize>) -> Result<()> {
+    match limit {
+        Some(0) => Err(Error::option(
+            "--limit",
+            "0 selects no utterance; give at least 1",
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// Transcribes the first `limit` utterances (all when `None`) of a manifest.
 pub fn transcribe_manifest(
     checkpoint: &Path,
@@ -161,6 +189,7 @@ pub fn transcribe_manifest(
     limit: Option<usize>,
     mut progress: impl FnMut(usize, usize, &str),
 ) -> Result<TranscriptionReport> {
+    check_limit(limit)?;
     let ckpt = Checkpoint::open(checkpoint)?;
     let t = Transcriber::new(&ckpt)?;
     let started = std::time::Instant::now();
@@ -178,7 +207,7 @@ pub fn transcribe_manifest(
             t.decode(&mut FullPrecision, &samples, false)
                 .map_err(|e| Error::Utterance {
                     id: u.id.clone(),
-                    source: Box::new(e),
+                    error: Box::new(e),
                 })?;
         let hypothesis = t.text(&decoded.tokens)?;
         let errors = u.text.as_deref().map(|r| word_errors(r, &hypothesis));

@@ -371,3 +371,40 @@ fn smoothquant_recipe_smooths_through_folds_only() {
         .filter(|l| l.smooth == SmoothFold::NormAffine)
         .all(|l| l.smoothing_factor_min.unwrap() > 0.0));
 }
+
+/// Audio longer than Whisper's 30 s window is refused by name in transcription and calibration,
+/// never truncated (35 s of silence then a word used to transcribe as "you").
+#[test]
+fn audio_longer_than_the_window_is_refused_by_name() {
+    let tmp = tempfile::tempdir().unwrap();
+    let clip = tmp.path().join("long.wav");
+    let spec = hound::WavSpec {
+        channels: 1,
+        sample_rate: 16_000,
+        bits_per_sample: 16,
+        sample_format: hound::SampleFormat::Int,
+    };
+    let mut w = hound::WavWriter::create(&clip, spec).unwrap();
+    (0..31 * 16_000).for_each(|i| w.write_sample(((i % 40) * 50) as i16).unwrap());
+    w.finalize().unwrap();
+    let manifest_path = tmp.path().join("m.jsonl");
+    std::fs::write(
+        &manifest_path,
+        "{\"id\": \"long\", \"audio\": \"long.wav\"}\n",
+    )
+    .unwrap();
+    let manifest = Manifest::read(&manifest_path, None).unwrap();
+    let e = transcribe_manifest(&common::tiny_en(), &manifest, None, |_, _, _| {}).unwrap_err();
+    let text = e.to_string();
+    assert!(
+        text.contains("utterance `long`") && text.contains("31.00 s") && text.contains("30 s"),
+        "{text}"
+    );
+    let e = Quantizer::new(common::tiny_en(), tmp.path().join("x"))
+        .recipe("smoothquant_w8a8")
+        .calib_manifest(&manifest_path)
+        .run()
+        .unwrap_err();
+    assert!(e.to_string().contains("utterance `long`"), "{e}");
+    assert!(!tmp.path().join("x").exists());
+}

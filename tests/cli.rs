@@ -124,3 +124,17 @@ fn errors_exit_non_zero_and_name_the_fault() {
     let (ok, _, err) = cli(&["convert", s, d, "--overwrite"]);
     assert!(ok, "{err}");
 }
+
+/// An error's cause is printed once: the message already contains it, so no chain repeats it.
+#[test]
+fn error_messages_do_not_repeat_their_cause() {
+    let tmp = tempfile::tempdir().unwrap();
+    let missing = tmp.path().join("no-such-source");
+    let (ok, _, err) = cli(&[
+        missing.to_str().unwrap(),
+        tmp.path().join("out").to_str().unwrap(),
+    ]);
+    assert!(!ok && err.contains("no-such-source"), "{err}");
+    assert_eq!(err.matches("os error 2").count(), 1, "{err}");
+    assert!(!tmp.path().join("out").exists());
+}

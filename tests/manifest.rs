@@ -93,3 +93,36 @@ fn selection_sorts_by_id_and_strides_evenly() {
     );
     assert_eq!(before.len(), 64);
 }
+
+#[test]
+fn audio_that_is_not_a_regular_file_is_named_for_what_it_is() {
+    // A directory, a FIFO (which would block a reader forever) and an empty manifest.
+    let (tmp, path) = setup("{\"id\": \"d\", \"audio\": \"dir.wav\"}\n", &[]);
+    std::fs::create_dir(tmp.path().join("dir.wav")).unwrap();
+    let e = Manifest::read(&path, None).unwrap_err().to_string();
+    assert!(e.contains("`d`") && e.contains("is a directory"), "{e}");
+    let (tmp, path) = setup("{\"id\": \"f\", \"audio\": \"fifo.wav\"}\n", &[]);
+    let fifo = tmp.path().join("fifo.wav");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    let e = Manifest::read(&path, None).unwrap_err().to_string();
+    assert!(e.contains("`f`") && e.contains("not a regular file"), "{e}");
+    let (_tmp, path) = setup("# only a comment\n\n", &[]);
+    let e = Manifest::read(&path, None).unwrap_err().to_string();
+    assert!(e.contains("m.jsonl") && e.contains("no utterance"), "{e}");
+}
+
+#[test]
+fn a_pathological_audio_path_is_shortened_in_the_message() {
+    let long = "x".repeat(100_000);
+    let (_tmp, path) = setup(
+        &format!("{{\"id\": \"long\", \"audio\": \"{long}.wav\"}}\n"),
+        &[],
+    );
+    let e = Manifest::read(&path, None).unwrap_err().to_string();
+    assert!(e.contains("`long`") && e.contains("characters)"), "{e}");
+    assert!(e.len() < 1_000, "{} characters", e.len());
+}

@@ -175,13 +175,20 @@ fn per_layer_breaks_the_smoothquant_error_down_by_layer() {
         .unwrap();
     assert!(!rtn.join(SMOOTHING_FACTORS_FILE).exists());
     let options = VerifyOptions {
-        limit: Some(0),
+        limit: Some(1),
         per_layer: true,
         ..VerifyOptions::default()
     };
     let v = verify_with(&rtn, &common::tiny_en(), &manifest, &options, |_, _, _| {}).unwrap();
     let p = v.per_layer.unwrap();
-    assert_eq!((p.utterances, p.layers.len()), (0, 64));
+    assert_eq!((p.utterances, p.layers.len()), (1, 64));
+    // A limit that selects nothing is refused, not reported as figures over nothing.
+    let none = VerifyOptions {
+        limit: Some(0),
+        ..options
+    };
+    let e = verify_with(&rtn, &common::tiny_en(), &manifest, &none, |_, _, _| {}).unwrap_err();
+    assert!(e.to_string().contains("--limit"), "{e}");
     let plain = VerifyOptions {
         per_layer: false,
         ..options

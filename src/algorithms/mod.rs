@@ -69,6 +69,20 @@ fn find(name: &str) -> Result<&'static Registered> {
     })
 }
 
+/// The order algorithms run in, as recipe errors state it.
+pub const ORDER: &str =
+    "smoothquant, then static_inputs and static_conv_inputs (either order), then rtn";
+
+/// An algorithm's place in [`ORDER`]: smoothing changes the inputs the static scales observe, and
+/// `rtn` quantizes the weights every earlier step has rewritten.
+pub fn stage(name: &str) -> u8 {
+    match name {
+        "smoothquant" => 0,
+        "static_inputs" | "static_conv_inputs" => 1,
+        _ => 2,
+    }
+}
+
 /// Whether the algorithm needs calibration audio.
 pub fn calibrates(name: &str) -> bool {
     matches!(name, "smoothquant" | "static_inputs" | "static_conv_inputs")

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use crate::error::{Error, Result};
+use crate::error::{shown, Error, Result};
 
 /// One entry of a manifest.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -42,6 +42,18 @@ struct Line {
     source: Option<String>,
 }
 
+/// Why `path` cannot be read as an audio file, if it cannot: it is missing, a directory, or not a
+/// regular file (a FIFO would block the run, a device never ends).
+fn not_an_audio_file(path: &Path) -> Option<String> {
+    match std::fs::metadata(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Some("does not exist".into()),
+        Err(e) => Some(format!("cannot be read: {e}")),
+        Ok(m) if m.is_dir() => Some("is a directory, not an audio file".into()),
+        Ok(m) if !m.is_file() => Some("is not a regular file (a FIFO, socket or device)".into()),
+        Ok(_) => None,
+    }
+}
+
 impl Manifest {
     /// Reads and checks a manifest: every line parses, ids are unique, every audio file exists.
     pub fn read(path: &Path, audio_root: Option<&Path>) -> Result<Manifest> {
@@ -73,11 +85,11 @@ impl Manifest {
                 return Err(at(format!("duplicate id `{}`", entry.id)));
             }
             let audio = root.join(&entry.audio);
-            if !audio.is_file() {
+            if let Some(problem) = not_an_audio_file(&audio) {
                 return Err(at(format!(
-                    "utterance `{}`: audio file {} does not exist",
+                    "utterance `{}`: audio {} {problem}",
                     entry.id,
-                    audio.display()
+                    shown(&audio)
                 )));
             }
             utterances.push(Utterance {
@@ -87,6 +99,12 @@ impl Manifest {
                 source: entry.source.filter(|s| !s.is_empty()),
                 line,
             });
+        }
+        if utterances.is_empty() {
+            return Err(Error::corrupt(
+                path,
+                "the manifest lists no utterance (only blank and `#` lines)",
+            ));
         }
         Ok(Manifest {
             path: path.into(),

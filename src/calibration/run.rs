@@ -139,7 +139,7 @@ where
             let (o, tokens) =
                 observe_one(t, u, i, decoder, &observer, &exec).map_err(|e| Error::Utterance {
                     id: u.id.clone(),
-                    source: Box::new(e),
+                    error: Box::new(e),
                 })?;
             let mut n = done.lock().unwrap_or_else(|p| p.into_inner());
             *n += 1;

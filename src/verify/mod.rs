@@ -776,6 +776,7 @@ pub fn verify_with(
         device,
         per_layer: with_layers,
     } = *options;
+    crate::transcribe::check_limit(limit)?;
     #[cfg(not(feature = "cuda"))]
     if device == VerifyDevice::Cuda {
         return Err(no_cuda());
@@ -802,7 +803,7 @@ pub fn verify_with(
             let run = verify_one(&q, &r, u, &lane, served, plan.as_ref()).map_err(|e| {
                 Error::Utterance {
                     id: u.id.clone(),
-                    source: Box::new(e),
+                    error: Box::new(e),
                 }
             })?;
             let mut n = done.lock().unwrap_or_else(|p| p.into_inner());
