@@ -126,7 +126,7 @@ impl Recipe {
         };
         let file: RecipeFile =
             toml::from_str(text).map_err(|e| err(format!("invalid recipe TOML: {e}")))?;
-        let scheme = Scheme::from_name(&file.scheme)?;
+        let scheme = Scheme::from_name(&file.scheme).map_err(|e| err(format!("scheme: {e}")))?;
         if scheme.is_static() {
             return Err(err(format!(
                 "scheme `{}`: a recipe names the per-token preset; static input scales come from the static_inputs algorithm",
