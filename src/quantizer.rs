@@ -307,12 +307,11 @@ impl Quantizer {
         }
         let layout = layout_of(&source)?;
         let dtype = recipe.scheme.dtype();
-        let no_keep = Vec::new();
         let rules = selection::RecipeRules {
             name: &recipe.name,
             module_types: &recipe.module_types,
             keep_full_precision: if self.quantize_kept {
-                &no_keep
+                &[]
             } else {
                 &recipe.keep_full_precision
             },

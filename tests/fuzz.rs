@@ -5,7 +5,7 @@
 //! Targets: the CTranslate2 `model.bin` reader, the safetensors reader, `oasr_config.json` (the
 //! native config and its quantization spec), a whole v2 checkpoint opened and inspected with a
 //! mutated `oasr_config.json` or `tokenizer.json`, a Hugging Face / CTranslate2 `config.json` in
-//! the import path, manifests, recipe TOML, and the audio containers (WAV, FLAC, Ogg Vorbis).
+//! the import path, manifests, recipe TOML, gate files, and the audio containers (WAV, FLAC, Ogg Vorbis).
 //!
 //! Mutations: bit flips, bytes set to boundary values, truncation, insertion, deletion and
 //! duplication of a span, and for the text formats a number or string token replaced by a
@@ -392,6 +392,16 @@ proptest! {
         let text = String::from_utf8_lossy(&mutate(seeds[which].as_bytes(), &edits)).into_owned();
         if let Err(e) = Recipe::parse("fuzzed.toml", &text) {
             prop_assert!(names(&e, "fuzzed.toml"), "{e}");
+        }
+    }
+
+    #[test]
+    fn gate_toml(edits in mutations()) {
+        let seed = include_bytes!("../calib/gate.toml");
+        let tmp = tempfile::tempdir().unwrap();
+        let path = write(tmp.path(), "gate.toml", &mutate(seed, &edits));
+        if let Err(e) = oasr_quantize::gate::GateConfig::load(&path) {
+            prop_assert!(names(&e, "gate.toml"), "{e}");
         }
     }
 
