@@ -193,7 +193,11 @@ fn resolve(path: &Path) -> Result<PathBuf> {
     let mut ancestor = parent;
     let base = loop {
         match ancestor.symlink_metadata() {
-            Ok(_) => break ancestor.canonicalize().map_err(|e| Error::io(ancestor, e))?,
+            Ok(_) => {
+                break ancestor
+                    .canonicalize()
+                    .map_err(|e| Error::io(ancestor, e))?
+            }
             Err(e) if e.kind() == ErrorKind::NotFound => {
                 missing.extend(ancestor.components().next_back());
                 ancestor = ancestor.parent().ok_or_else(|| Error::io(path, e))?;
@@ -268,7 +272,11 @@ fn existing(dst: &Path, resolved: &Path, overwrite: bool) -> Result<Existing> {
 
 /// Whether a real directory is one `--overwrite` may replace ([`Existing::Replaceable`]).
 fn replaceable(dir: &Path) -> std::io::Result<bool> {
-    if dir.join(MARKER_FILE).symlink_metadata().is_ok_and(|m| m.is_file()) {
+    if dir
+        .join(MARKER_FILE)
+        .symlink_metadata()
+        .is_ok_and(|m| m.is_file())
+    {
         return Ok(true);
     }
     let mut names = Vec::new();
@@ -580,10 +588,7 @@ mod tests {
         std::fs::create_dir(base.join("real")).unwrap();
         std::os::unix::fs::symlink(base.join("real"), base.join("link")).unwrap();
         // Links above the final component are resolved, the final one is not.
-        assert_eq!(
-            resolve(&base.join("link/x")).unwrap(),
-            base.join("real/x")
-        );
+        assert_eq!(resolve(&base.join("link/x")).unwrap(), base.join("real/x"));
         assert_eq!(resolve(&base.join("link")).unwrap(), base.join("link"));
         assert_eq!(resolve(&base.join("real/..")).unwrap(), base);
     }
@@ -646,7 +651,10 @@ mod tests {
             assert!(e.to_string().contains("appeared while"), "{made}: {e}");
             match made {
                 "empty dir" => assert!(names(&dst).is_empty()),
-                "dir" => assert_eq!(std::fs::read_to_string(dst.join("sentinel")).unwrap(), "mine"),
+                "dir" => assert_eq!(
+                    std::fs::read_to_string(dst.join("sentinel")).unwrap(),
+                    "mine"
+                ),
                 _ => assert_eq!(std::fs::read_to_string(&dst).unwrap(), "mine"),
             }
             assert_eq!(names(tmp.path()), ["q"], "{made}");
@@ -679,7 +687,10 @@ mod tests {
         std::os::unix::fs::symlink(tmp.path().join("nowhere"), &dangling).unwrap();
         assert!(write_output(&dangling, true, "x").is_err());
         assert!(write_output(&dangling, false, "x").is_err());
-        assert_eq!(std::fs::read_to_string(target.join(CONFIG_FILE)).unwrap(), "old");
+        assert_eq!(
+            std::fs::read_to_string(target.join(CONFIG_FILE)).unwrap(),
+            "old"
+        );
         assert_eq!(names(&project), [CONFIG_FILE, "sentinel"]);
         assert_eq!(
             names(tmp.path()),
