@@ -215,7 +215,10 @@ fn two_runs_give_byte_identical_outputs() {
     let (a, b) = (common::tree_hashes(&dst_a), common::tree_hashes(&dst_b));
     // The four checkpoint files and the output marker (docs/format.md, "Output protocol").
     assert_eq!(a.len(), 5, "{a:?}");
-    assert!(a.contains_key(oasr_quantize::checkpoint::MARKER_FILE), "{a:?}");
+    assert!(
+        a.contains_key(oasr_quantize::checkpoint::MARKER_FILE),
+        "{a:?}"
+    );
     assert_eq!(a, b);
 }
 

@@ -357,13 +357,12 @@ struct Lock {
 impl Lock {
     fn acquire(path: &Path, dst: &Path) -> Result<Lock> {
         loop {
-            let mut file = OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create(true)
-                .truncate(false)
-                .open(path)
-                .map_err(|e| Error::io(path, e))?;
+            let mut options = OpenOptions::new();
+            options.read(true).write(true).create(true).truncate(false);
+            // Never through a link planted at the lock's name.
+            #[cfg(unix)]
+            std::os::unix::fs::OpenOptionsExt::custom_flags(&mut options, libc::O_NOFOLLOW);
+            let mut file = options.open(path).map_err(|e| Error::io(path, e))?;
             match sys::try_lock(&file) {
                 Ok(true) => {}
                 Ok(false) => {
