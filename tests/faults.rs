@@ -183,41 +183,74 @@ fn kill_9_at_any_point_leaves_no_output_the_old_one_or_the_new_one() {
     }
 }
 
+/// Waits until the run `pid` writes into `dir/.q.partial-PID` (it then holds the lock).
+fn wait_for_partial(dir: &Path, pid: u32) {
+    let partial = dir.join(format!(".q.partial-{pid}"));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !partial.exists() {
+        assert!(Instant::now() < deadline, "the run never started writing");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+fn outcome(c: std::process::Child) -> (bool, String) {
+    let out = c.wait_with_output().unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// DST is a complete, loadable output and nothing else is beside it.
+fn complete_output_alone(dir: &Path, dst: &Path) {
+    let (ok, out, err) = common::cli(&["inspect", dst.to_str().unwrap(), "--json"]);
+    assert!(ok, "{err}");
+    let s: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(s["quantized_layers"], 64, "{out}");
+    assert_eq!(names(dir), ["q"]);
+}
+
 #[test]
 fn concurrent_runs_into_one_output_never_both_succeed() {
     let tmp = tempfile::tempdir().unwrap();
     let src = common::tiny_en();
     let dst = tmp.path().join("q");
-    for overwrite in [false, true] {
-        let runs: Vec<_> = (0..2)
-            .map(|_| quantize(&src, &dst, overwrite).spawn().unwrap())
-            .collect();
-        let results: Vec<_> = runs
-            .into_iter()
-            .map(|c| {
-                let out = c.wait_with_output().unwrap();
-                (
-                    out.status.success(),
-                    String::from_utf8_lossy(&out.stderr).into_owned(),
-                )
-            })
-            .collect();
-        let ok = results.iter().filter(|(ok, _)| *ok).count();
-        assert_eq!(ok, 1, "overwrite {overwrite}: {results:?}");
-        for (ok, err) in &results {
-            if !ok {
-                assert!(
-                    err.contains("another oasr-quantize run is writing it (pid")
-                        || (!overwrite && err.contains("already exists")),
-                    "{err}"
-                );
-            }
-        }
-        let (ok, out, err) = common::cli(&["inspect", dst.to_str().unwrap(), "--json"]);
+    // Started together: exactly one succeeds; the other finds the lock (or, had it come after
+    // the first finished, the output).
+    let runs: Vec<_> = (0..2)
+        .map(|_| quantize(&src, &dst, false).spawn().unwrap())
+        .collect();
+    let results: Vec<_> = runs.into_iter().map(outcome).collect();
+    assert_eq!(
+        results.iter().filter(|(ok, _)| *ok).count(),
+        1,
+        "{results:?}"
+    );
+    for (ok, err) in &results {
+        assert!(
+            *ok || err.contains("another oasr-quantize run is writing it (pid")
+                || err.contains("already exists"),
+            "{err}"
+        );
+    }
+    complete_output_alone(tmp.path(), &dst);
+    // A second run, with --overwrite, while the first (also --overwrite) writes: it fails at
+    // once naming the first, which replaces the output.
+    for second_overwrites in [true, false] {
+        let first = quantize(&src, &dst, true).spawn().unwrap();
+        let pid = first.id();
+        wait_for_partial(tmp.path(), pid);
+        let (ok, err) = finish(quantize(&src, &dst, second_overwrites));
+        assert!(!ok, "the second run succeeded while the first was writing");
+        let expected = if second_overwrites {
+            format!("another oasr-quantize run is writing it (pid {pid}")
+        } else {
+            "already exists".to_string()
+        };
+        assert!(err.contains(&expected), "{err}");
+        let (ok, err) = outcome(first);
         assert!(ok, "{err}");
-        let s: serde_json::Value = serde_json::from_str(&out).unwrap();
-        assert_eq!(s["quantized_layers"], 64, "{out}");
-        assert_eq!(names(tmp.path()), ["q"]);
+        complete_output_alone(tmp.path(), &dst);
     }
 }
 
@@ -226,12 +259,7 @@ fn an_output_that_appears_mid_run_is_not_deleted() {
     let tmp = tempfile::tempdir().unwrap();
     let dst = tmp.path().join("q");
     let child = quantize(&common::tiny_en(), &dst, false).spawn().unwrap();
-    let partial = tmp.path().join(format!(".q.partial-{}", child.id()));
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !partial.exists() {
-        assert!(Instant::now() < deadline, "the run never started writing");
-        std::thread::sleep(Duration::from_millis(2));
-    }
+    wait_for_partial(tmp.path(), child.id());
     // Someone else's directory appears while the run writes.
     std::fs::create_dir(&dst).unwrap();
     std::fs::write(dst.join("sentinel"), "mine").unwrap();
