@@ -221,7 +221,20 @@ impl From<VerifyDevice> for oasr_quantize::verify::VerifyDevice {
     }
 }
 
+/// Rust starts programs with SIGPIPE ignored, so a write to a closed pipe (`oasr-quantize
+/// recipes | head -1`) fails and `println!` panics. Like other command-line tools, end quietly
+/// instead: the default disposition ends the process on SIGPIPE, with no message.
+fn restore_sigpipe() {
+    #[cfg(unix)]
+    // SAFETY: called first thing in `main`, before any other thread exists; SIG_DFL is a valid
+    // disposition for SIGPIPE.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
 fn main() -> ExitCode {
+    restore_sigpipe();
     let cli = Cli::parse();
     let result = match cli.command {
         Some(Command::Convert {

@@ -213,7 +213,12 @@ fn two_runs_give_byte_identical_outputs() {
     let (_a, dst_a, _) = quantize("int8_w8a8_rtn");
     let (_b, dst_b, _) = quantize("int8_w8a8_rtn");
     let (a, b) = (common::tree_hashes(&dst_a), common::tree_hashes(&dst_b));
-    assert_eq!(a.len(), 4, "{a:?}");
+    // The four checkpoint files and the output marker (docs/format.md, "Output protocol").
+    assert_eq!(a.len(), 5, "{a:?}");
+    assert!(
+        a.contains_key(oasr_quantize::checkpoint::MARKER_FILE),
+        "{a:?}"
+    );
     assert_eq!(a, b);
 }
 

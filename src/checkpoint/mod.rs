@@ -15,7 +15,7 @@ pub use native::{
     DecodingSpec, FeatureSpec, NativeConfig, TokenizerSpec, CONFIG_FILE, REPORT_FILE,
     SMOOTHING_FACTORS_FILE, TOKENIZER_DIR, WEIGHTS_FILE,
 };
-pub use output::StagedDir;
+pub use output::{StagedDir, MARKER_FILE};
 pub use safetensors_io::TensorPlan;
 pub use tensor::{DType, Tensor};
 pub use writer::{
