@@ -274,10 +274,19 @@ fn out_of_range_token_ids_and_alignment_heads_are_refused() {
 
 #[test]
 fn start_and_end_ids_must_be_the_tokenizers() {
-    refused_model_config(
-        "decoder_start_token_id",
-        json!(50256),
-        &["model_config.decoder_start_token_id", "<|startoftranscript|>"],
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = damaged_copy(tmp.path());
+    edit_config(&dir, |c| {
+        c["model_config"]["decoder_start_token_id"] = json!(50258);
+        c["decoding"]["sos_id"] = json!(50258);
+    });
+    refused(
+        &dir,
+        &[
+            "oasr_config.json",
+            "model_config.decoder_start_token_id",
+            "<|startoftranscript|>",
+        ],
     );
 }
 
@@ -518,7 +527,10 @@ fn the_forward_refuses_a_hand_built_config_without_panicking() {
     ] {
         let mut bad = ckpt.clone();
         bad.config.model_config[key] = value;
-        let e = Whisper::load(&bad).expect_err(key);
+        let e = match Whisper::load(&bad) {
+            Ok(_) => panic!("{key}: loaded"),
+            Err(e) => e,
+        };
         assert!(e.to_string().contains(key) || e.to_string().contains("conv1"), "{e}");
     }
 }
@@ -566,7 +578,7 @@ fn ct2_architecture_switches_the_forward_does_not_implement_are_refused() {
         let tmp = tempfile::tempdir().unwrap();
         let dir = ct2_copy(tmp.path());
         ct2_with_attribute(&dir, name, value);
-        let e = Checkpoint::open(&dir).unwrap_err().to_string();
+        let e = open_err(&dir);
         assert!(e.contains("model.bin") && e.contains(name), "{e}");
         assert!(e.contains(&format!("is {value}")), "{e}");
     }
@@ -577,7 +589,7 @@ fn a_ct2_config_that_is_not_an_object_is_refused() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = ct2_copy(tmp.path());
     replace_file(&dir.join("config.json"), b"42");
-    let e = Checkpoint::open(&dir).unwrap_err().to_string();
+    let e = open_err(&dir);
     assert!(e.contains("config.json") && e.contains("JSON object"), "{e}");
 }
 
@@ -588,7 +600,15 @@ fn ct2_config_edit(edit: impl FnOnce(&mut Value)) -> String {
         serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
     edit(&mut v);
     replace_file(&dir.join("config.json"), v.to_string().as_bytes());
-    Checkpoint::open(&dir).unwrap_err().to_string()
+    open_err(&dir)
+}
+
+/// The error of opening `dir` (which must fail).
+fn open_err(dir: &Path) -> String {
+    match Checkpoint::open(dir) {
+        Ok(_) => panic!("{} opened", dir.display()),
+        Err(e) => e.to_string(),
+    }
 }
 
 #[test]
@@ -598,7 +618,6 @@ fn out_of_range_ct2_ids_and_heads_are_refused_by_key() {
         ("suppress_ids_begin", json!([51864]), "51864"),
         ("suppress_ids", json!([1, -1]), "-1"),
         ("suppress_ids", json!("all"), "list"),
-        ("lang_ids", json!([123456]), "123456"),
         ("alignment_heads", json!([[4, 0]]), "[4, 0]"),
         ("alignment_heads", json!([[0, 6]]), "[0, 6]"),
         ("alignment_heads", json!([[0]]), "pair"),

@@ -228,9 +228,6 @@ fn open_native(dir: &Path, options: OpenOptions) -> Result<Checkpoint> {
         }
     }
     whisper::check_native_tokenizer(&config_path, &config, &model, &tokenizer_files)?;
-    if let Some(spec) = &config.quantization {
-        whisper::validate_spec(&config_path, &model, spec)?;
-    }
     let tensors = safetensors_io::read(&weights_path)?;
     // Bounds the geometry before anything is sized by it: each layer holds several tensors.
     if model.encoder_layers.saturating_add(model.decoder_layers) > tensors.len() {
@@ -244,6 +241,9 @@ fn open_native(dir: &Path, options: OpenOptions) -> Result<Checkpoint> {
                 tensors.len()
             ),
         ));
+    }
+    if let Some(spec) = &config.quantization {
+        whisper::validate_spec(&config_path, &model, spec)?;
     }
     whisper::validate(
         &weights_path,
