@@ -151,16 +151,8 @@ fn heads_that_do_not_divide_d_model_are_refused() {
 
 #[test]
 fn zero_layers_are_refused() {
-    refused_model_config(
-        "encoder_layers",
-        json!(0),
-        &["model_config.encoder_layers"],
-    );
-    refused_model_config(
-        "decoder_layers",
-        json!(0),
-        &["model_config.decoder_layers"],
-    );
+    refused_model_config("encoder_layers", json!(0), &["model_config.encoder_layers"]);
+    refused_model_config("decoder_layers", json!(0), &["model_config.decoder_layers"]);
 }
 
 #[test]
@@ -250,11 +242,7 @@ fn out_of_range_token_ids_and_alignment_heads_are_refused() {
         json!([51864]),
         &["model_config.begin_suppress_tokens"],
     );
-    refused_model_config(
-        "eos_token_id",
-        json!(70000),
-        &["model_config.eos_token_id"],
-    );
+    refused_model_config("eos_token_id", json!(70000), &["model_config.eos_token_id"]);
     refused_model_config(
         "alignment_heads",
         json!([[4, 0]]),
@@ -376,14 +364,20 @@ fn a_wrong_dtype_or_shape_is_refused_by_tensor() {
         let bias = t.get_mut("encoder.layers.1.fc2.bias").unwrap();
         bias.1 = vec![192, 2];
     });
-    refused(&dir, &["model.safetensors", "encoder.layers.1.fc2.bias", "shape"]);
+    refused(
+        &dir,
+        &["model.safetensors", "encoder.layers.1.fc2.bias", "shape"],
+    );
     let dir = tmp.path().join("dtype");
     copy_dir(quantized(), &dir);
     edit_tensors(&dir, |t| {
         let w = t.get_mut("encoder.layers.1.fc2.weight").unwrap();
         w.0 = safetensors::Dtype::U8;
     });
-    refused(&dir, &["model.safetensors", "encoder.layers.1.fc2.weight", "I8"]);
+    refused(
+        &dir,
+        &["model.safetensors", "encoder.layers.1.fc2.weight", "I8"],
+    );
 }
 
 #[test]
@@ -396,7 +390,10 @@ fn an_unexpected_tensor_is_refused() {
             (safetensors::Dtype::F32, vec![1], f32_bytes(&[1.0])),
         );
     });
-    refused(&dir, &["model.safetensors", "encoder.extra.weight", "unexpected"]);
+    refused(
+        &dir,
+        &["model.safetensors", "encoder.extra.weight", "unexpected"],
+    );
 }
 
 #[test]
@@ -485,7 +482,10 @@ fn spec_layers_must_be_layers_of_the_model() {
     });
     refused(
         &dir,
-        &["oasr_config.json", "quantization.layers.encoder.layers.0.fc2.kind"],
+        &[
+            "oasr_config.json",
+            "quantization.layers.encoder.layers.0.fc2.kind",
+        ],
     );
 }
 
@@ -531,7 +531,10 @@ fn the_forward_refuses_a_hand_built_config_without_panicking() {
             Ok(_) => panic!("{key}: loaded"),
             Err(e) => e,
         };
-        assert!(e.to_string().contains(key) || e.to_string().contains("conv1"), "{e}");
+        assert!(
+            e.to_string().contains(key) || e.to_string().contains("conv1"),
+            "{e}"
+        );
     }
 }
 
@@ -590,7 +593,10 @@ fn a_ct2_config_that_is_not_an_object_is_refused() {
     let dir = ct2_copy(tmp.path());
     replace_file(&dir.join("config.json"), b"42");
     let e = open_err(&dir);
-    assert!(e.contains("config.json") && e.contains("JSON object"), "{e}");
+    assert!(
+        e.contains("config.json") && e.contains("JSON object"),
+        "{e}"
+    );
 }
 
 fn ct2_config_edit(edit: impl FnOnce(&mut Value)) -> String {
@@ -738,7 +744,10 @@ fn hf_config_values_are_checked_against_the_tensors_and_the_forward() {
             e.contains("config.json") && e.contains(&format!("`{key}`")) && e.contains(needle),
             "{key}: {e}"
         );
-        assert!(!e.contains("model.safetensors: `"), "blames the weights: {e}");
+        assert!(
+            !e.contains("model.safetensors: `"),
+            "blames the weights: {e}"
+        );
     }
 }
 

@@ -197,7 +197,10 @@ fn tokenizer_file(dir: &Path, config_path: &Path, key: &str, rel: &str) -> Resul
         return Err(Error::config_key(
             config_path,
             field,
-            format!("`{rel}` resolves to {}, outside the checkpoint directory", real.display()),
+            format!(
+                "`{rel}` resolves to {}, outside the checkpoint directory",
+                real.display()
+            ),
         ));
     }
     Ok(path)

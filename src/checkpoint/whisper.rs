@@ -297,15 +297,20 @@ fn whisper_features(mel_bins: usize) -> FeatureSpec {
 /// with its `features` (exactly what the Whisper frontend computes, when not null) and its
 /// `decoding` ids (the config's own, inside the vocabulary) checked against it.
 pub(super) fn native_model_config(path: &Path, config: &NativeConfig) -> Result<WhisperConfig> {
-    let model: WhisperConfig = serde_json::from_value(config.model_config.clone()).map_err(|e| {
-        Error::config_key(path, "model_config", format!("invalid Whisper model_config: {e}"))
-    })?;
+    let model: WhisperConfig =
+        serde_json::from_value(config.model_config.clone()).map_err(|e| {
+            Error::config_key(
+                path,
+                "model_config",
+                format!("invalid Whisper model_config: {e}"),
+            )
+        })?;
     model
         .check()
         .map_err(|f| Error::config_key(path, format!("model_config.{}", f.key), f.message))?;
     if let Some(features) = &config.features {
-        let expected = serde_json::to_value(whisper_features(model.num_mel_bins))
-            .unwrap_or_default();
+        let expected =
+            serde_json::to_value(whisper_features(model.num_mel_bins)).unwrap_or_default();
         let found = serde_json::to_value(features).unwrap_or_default();
         if let (Some(expected), Some(found)) = (expected.as_object(), found.as_object()) {
             for (key, want) in expected {
@@ -332,7 +337,11 @@ pub(super) fn native_model_config(path: &Path, config: &NativeConfig) -> Result<
         ));
     }
     for (key, id, want) in [
-        ("decoding.sos_id", d.sos_id, Some(model.decoder_start_token_id)),
+        (
+            "decoding.sos_id",
+            d.sos_id,
+            Some(model.decoder_start_token_id),
+        ),
         ("decoding.eos_id", d.eos_id, Some(model.eos_token_id)),
         ("decoding.blank_id", d.blank_id, None),
         ("decoding.unk_id", d.unk_id, None),
@@ -350,7 +359,10 @@ pub(super) fn native_model_config(path: &Path, config: &NativeConfig) -> Result<
             return Err(Error::config_key(
                 path,
                 key,
-                format!("token id {id} is outside the vocabulary of {}", model.vocab_size),
+                format!(
+                    "token id {id} is outside the vocabulary of {}",
+                    model.vocab_size
+                ),
             ));
         }
     }
@@ -393,7 +405,11 @@ pub(super) fn check_native_tokenizer(
             "<|startoftranscript|>",
             model.decoder_start_token_id,
         ),
-        ("model_config.eos_token_id", "<|endoftext|>", model.eos_token_id),
+        (
+            "model_config.eos_token_id",
+            "<|endoftext|>",
+            model.eos_token_id,
+        ),
     ] {
         let want = tokens.get(token)?;
         if id != want {
@@ -416,8 +432,10 @@ pub(super) fn validate_spec(
     spec: &QuantizationSpec,
 ) -> Result<()> {
     let layout = crate::models::whisper::quantization_layout(model);
-    let tensors: std::collections::HashSet<String> =
-        expected_tensors(model).into_iter().map(|(n, _)| n).collect();
+    let tensors: std::collections::HashSet<String> = expected_tensors(model)
+        .into_iter()
+        .map(|(n, _)| n)
+        .collect();
     for (name, layer) in &spec.layers {
         let key = format!("quantization.layers.{name}");
         let Some(known) = layout.layers.iter().find(|l| &l.name == name) else {
@@ -431,7 +449,11 @@ pub(super) fn validate_spec(
             return Err(Error::config_key(
                 path,
                 format!("{key}.kind"),
-                format!("is {}; the layer is a {}", layer.kind.name(), known.kind.name()),
+                format!(
+                    "is {}; the layer is a {}",
+                    layer.kind.name(),
+                    known.kind.name()
+                ),
             ));
         }
         if let Some(into) = &layer.smoothed_into {
@@ -445,7 +467,8 @@ pub(super) fn validate_spec(
         }
     }
     for norm in &spec.links.fused_norms {
-        if !(norm.norm.ends_with("layer_norm") && tensors.contains(&format!("{}.weight", norm.norm)))
+        if !(norm.norm.ends_with("layer_norm")
+            && tensors.contains(&format!("{}.weight", norm.norm)))
         {
             return Err(Error::config_key(
                 path,
@@ -552,9 +575,8 @@ fn u32_list(
         Some(serde_json::Value::Array(a)) => a
             .iter()
             .map(|x| {
-                as_u32(x).ok_or_else(|| {
-                    Error::config_key(path, key, format!("{x} is not a token id"))
-                })
+                as_u32(x)
+                    .ok_or_else(|| Error::config_key(path, key, format!("{x} is not a token id")))
             })
             .collect(),
         Some(other) => Err(Error::config_key(
@@ -575,13 +597,15 @@ fn pairs(
         None | Some(serde_json::Value::Null) => Ok(Vec::new()),
         Some(serde_json::Value::Array(a)) => a
             .iter()
-            .map(|p| match p.as_array().map(|p| p.as_slice()) {
-                Some([l, h]) => as_u32(l).zip(as_u32(h)),
-                _ => None,
-            }
-            .ok_or_else(|| {
-                Error::config_key(path, key, format!("{p} is not a [layer, head] pair"))
-            }))
+            .map(|p| {
+                match p.as_array().map(|p| p.as_slice()) {
+                    Some([l, h]) => as_u32(l).zip(as_u32(h)),
+                    _ => None,
+                }
+                .ok_or_else(|| {
+                    Error::config_key(path, key, format!("{p} is not a [layer, head] pair"))
+                })
+            })
             .collect(),
         Some(other) => Err(Error::config_key(
             path,
@@ -727,7 +751,9 @@ pub fn import_hf(dir: &Path) -> Result<Checkpoint> {
     let config = whisper_config(&weights_path, &tensors, heads, &tokens, extras)?;
     let origin = |key: &'static str| -> (PathBuf, String) {
         match key {
-            "encoder_attention_heads" | "decoder_attention_heads" | "suppress_tokens"
+            "encoder_attention_heads"
+            | "decoder_attention_heads"
+            | "suppress_tokens"
             | "begin_suppress_tokens" => (config_path.clone(), key.into()),
             "activation_function" | "model_type" => (config_path.clone(), key.into()),
             k if HF_GEOMETRY.contains(&k) && hf.contains_key(k) => (config_path.clone(), k.into()),
@@ -736,7 +762,10 @@ pub fn import_hf(dir: &Path) -> Result<Checkpoint> {
             "decoder_start_token_id" | "eos_token_id" | "task_token_ids" | "forced_decoder_ids" => {
                 (tokenizer.clone(), format!("added_tokens ({key})"))
             }
-            other => (weights_path.clone(), format!("{other} (from the tensor shapes)")),
+            other => (
+                weights_path.clone(),
+                format!("{other} (from the tensor shapes)"),
+            ),
         }
     };
     // The geometry config.json states against the tensors, then its values against each other
@@ -986,7 +1015,11 @@ pub fn import_ct2(dir: &Path) -> Result<Checkpoint> {
         ("decoder/pre_norm", 1, "pre-norm blocks"),
         ("decoder/scale_embeddings", 0, "unscaled embeddings"),
         ("decoder/alibi", 0, "no ALiBi"),
-        ("decoder/activation", 3, "exact-erf GELU (CTranslate2 activation 3)"),
+        (
+            "decoder/activation",
+            3,
+            "exact-erf GELU (CTranslate2 activation 3)",
+        ),
         (
             "decoder/start_from_zero_embedding",
             0,
