@@ -33,6 +33,15 @@ pub enum Error {
     /// A file that exists but cannot be what it claims to be: truncated, corrupt, or inconsistent.
     #[error("{}: {message}", shown(path))]
     Corrupt { path: PathBuf, message: String },
+    /// A config value that is missing, of the wrong type, out of range or inconsistent with the
+    /// rest of the config or with the tensors; `key` is its name in `path` (dotted for nested
+    /// keys, e.g. `model_config.d_model`).
+    #[error("{}: `{key}`: {message}", shown(path))]
+    ConfigKey {
+        path: PathBuf,
+        key: String,
+        message: String,
+    },
     #[error("{}: not a checkpoint this tool can read: {message}", shown(path))]
     UnknownFormat { path: PathBuf, message: String },
     #[error("{}: ambiguous checkpoint: it matches {}; keep only one format's files in the directory", shown(path), candidates.join(" and "))]
@@ -116,6 +125,18 @@ impl Error {
         Error::Tensor {
             path: path.into(),
             name: name.into(),
+            message: message.into(),
+        }
+    }
+
+    pub(crate) fn config_key(
+        path: impl Into<PathBuf>,
+        key: impl Into<String>,
+        message: impl Into<String>,
+    ) -> Self {
+        Error::ConfigKey {
+            path: path.into(),
+            key: key.into(),
             message: message.into(),
         }
     }

@@ -126,11 +126,35 @@ pub fn detect(dir: &Path) -> Result<SourceFormat> {
     }
 }
 
+/// How [`Checkpoint::open_with`] opens a checkpoint. [`Checkpoint::open`] uses the default.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OpenOptions {
+    /// Recompute the sha256 of a quantized (format version 2) checkpoint's `model.safetensors`
+    /// and refuse the checkpoint when it differs from `quantization.producer.fingerprint`
+    /// (default: true). Hashing reads the whole file once (tiny.en: 59 MB, about 0.04 s); a
+    /// caller that has just written or checked the file may skip it.
+    pub check_fingerprint: bool,
+}
+
+impl Default for OpenOptions {
+    fn default() -> Self {
+        OpenOptions {
+            check_fingerprint: true,
+        }
+    }
+}
+
 impl Checkpoint {
-    /// Detects the format of `dir` and imports it. The source is only read, never modified.
+    /// Detects the format of `dir` and imports it, with every check of docs/format.md (the
+    /// fingerprint included). The source is only read, never modified.
     pub fn open(dir: &Path) -> Result<Checkpoint> {
+        Checkpoint::open_with(dir, OpenOptions::default())
+    }
+
+    /// [`Checkpoint::open`] with options.
+    pub fn open_with(dir: &Path, options: OpenOptions) -> Result<Checkpoint> {
         match detect(dir)? {
-            SourceFormat::OasrNative { .. } => open_native(dir),
+            SourceFormat::OasrNative { .. } => open_native(dir, options),
             SourceFormat::HfWhisper => whisper::import_hf(dir),
             SourceFormat::Ct2Whisper => whisper::import_ct2(dir),
         }
@@ -142,36 +166,106 @@ impl Checkpoint {
     }
 }
 
-fn open_native(dir: &Path) -> Result<Checkpoint> {
+/// The path of a tokenizer file: relative, inside the checkpoint directory (symbolic links
+/// resolved), and a file.
+fn tokenizer_file(dir: &Path, config_path: &Path, key: &str, rel: &str) -> Result<PathBuf> {
+    use std::path::Component;
+    let field = format!("tokenizer.files.{key}");
+    let relative = Path::new(rel);
+    if rel.is_empty()
+        || relative
+            .components()
+            .any(|c| !matches!(c, Component::Normal(_) | Component::CurDir))
+    {
+        return Err(Error::config_key(
+            config_path,
+            field,
+            format!("`{rel}` is not a relative path inside the checkpoint directory"),
+        ));
+    }
+    let path = dir.join(relative);
+    if !path.is_file() {
+        return Err(Error::config_key(
+            config_path,
+            field,
+            format!("tokenizer file `{rel}` does not exist"),
+        ));
+    }
+    let real_dir = dir.canonicalize().map_err(|e| Error::io(dir, e))?;
+    let real = path.canonicalize().map_err(|e| Error::io(&path, e))?;
+    if !real.starts_with(&real_dir) {
+        return Err(Error::config_key(
+            config_path,
+            field,
+            format!(
+                "`{rel}` resolves to {}, outside the checkpoint directory",
+                real.display()
+            ),
+        ));
+    }
+    Ok(path)
+}
+
+fn open_native(dir: &Path, options: OpenOptions) -> Result<Checkpoint> {
     let config_path = dir.join(CONFIG_FILE);
     let weights_path = dir.join(WEIGHTS_FILE);
     let config = NativeConfig::read(&config_path)?;
-    let tensors = safetensors_io::read(&weights_path)?;
-    let mut files_read = vec![config_path.clone(), weights_path];
+    if config.architecture != crate::models::whisper::ARCHITECTURE {
+        return Err(Error::config_key(
+            &config_path,
+            "architecture",
+            format!(
+                "is {:?}; this version reads \"whisper\" checkpoints only",
+                config.architecture
+            ),
+        ));
+    }
+    let model = whisper::native_model_config(&config_path, &config)?;
+    let mut files_read = vec![config_path.clone(), weights_path.clone()];
     let mut tokenizer_files = BTreeMap::new();
     if let Some(tokenizer) = &config.tokenizer {
         for (key, rel) in &tokenizer.files {
-            let path = dir.join(rel);
-            if !path.is_file() {
-                return Err(Error::corrupt(
-                    &config_path,
-                    format!("tokenizer file `{rel}` ({key}) does not exist"),
-                ));
-            }
+            let path = tokenizer_file(dir, &config_path, key, rel)?;
             files_read.push(path.clone());
             tokenizer_files.insert(key.clone(), path);
         }
     }
-    if config.architecture == crate::models::whisper::ARCHITECTURE && config.quantization.is_none()
-    {
-        let whisper: crate::models::whisper::WhisperConfig =
-            serde_json::from_value(config.model_config.clone()).map_err(|e| {
-                Error::corrupt(&config_path, format!("invalid Whisper model_config: {e}"))
-            })?;
-        whisper::validate(&dir.join(WEIGHTS_FILE), &whisper, &tensors)?;
+    whisper::check_native_tokenizer(&config_path, &config, &model, &tokenizer_files)?;
+    let tensors = safetensors_io::read(&weights_path)?;
+    // Bounds the geometry before anything is sized by it: each layer holds several tensors.
+    if model.encoder_layers.saturating_add(model.decoder_layers) > tensors.len() {
+        return Err(Error::config_key(
+            &config_path,
+            "model_config.encoder_layers",
+            format!(
+                "{} encoder and {} decoder layers cannot fit in the {} tensors of {WEIGHTS_FILE}",
+                model.encoder_layers,
+                model.decoder_layers,
+                tensors.len()
+            ),
+        ));
     }
     if let Some(spec) = &config.quantization {
-        validate_quantized(&dir.join(WEIGHTS_FILE), spec, &tensors)?;
+        whisper::validate_spec(&config_path, &model, spec)?;
+    }
+    whisper::validate(
+        &weights_path,
+        &model,
+        &tensors,
+        config.quantization.as_ref(),
+    )?;
+    if let (Some(spec), true) = (&config.quantization, options.check_fingerprint) {
+        let actual = crate::hashing::sha256_file(&weights_path)?;
+        if actual != spec.producer.fingerprint {
+            return Err(Error::corrupt(
+                &weights_path,
+                format!(
+                    "sha256 {actual} differs from the fingerprint {} that {CONFIG_FILE} records \
+                     (quantization.producer.fingerprint): the file changed after it was written",
+                    spec.producer.fingerprint
+                ),
+            ));
+        }
     }
     Ok(Checkpoint {
         dir: dir.into(),
@@ -183,77 +277,6 @@ fn open_native(dir: &Path) -> Result<Checkpoint> {
         tokenizer_files,
         files_read,
     })
-}
-
-/// Checks the tensors of every quantized layer against the contract of docs/format.md.
-fn validate_quantized(
-    path: &Path,
-    spec: &crate::format::QuantizationSpec,
-    tensors: &BTreeMap<String, Tensor>,
-) -> Result<()> {
-    use crate::format::{QuantDtype, SmoothFold};
-    for (layer, l) in &spec.layers {
-        let get = |key: &str| {
-            let name = format!("{layer}.{key}");
-            tensors
-                .get(&name)
-                .map(|t| (name.clone(), t))
-                .ok_or_else(|| Error::tensor(path, &name, "missing for a quantized layer"))
-        };
-        let (name, weight) = get("weight")?;
-        let code = match l.scheme.dtype() {
-            QuantDtype::Int8 => DType::I8,
-            QuantDtype::Float8E4m3fn => DType::F8E4m3,
-        };
-        if weight.dtype != code || weight.shape.len() < 2 {
-            return Err(Error::tensor(
-                path,
-                name,
-                format!(
-                    "expected a {code} weight of rank 2 or more, found {} {:?}",
-                    weight.dtype, weight.shape
-                ),
-            ));
-        }
-        let n = weight.shape[0];
-        let k = weight.shape[weight.shape.len() - 1];
-        let expect = |key: &str, shape: Vec<usize>, present: bool| -> Result<()> {
-            let name = format!("{layer}.{key}");
-            match (tensors.get(&name), present) {
-                (Some(t), true) if t.dtype == DType::F32 && t.shape == shape => Ok(()),
-                (Some(t), true) => Err(Error::tensor(
-                    path,
-                    name,
-                    format!("expected F32 {shape:?}, found {} {:?}", t.dtype, t.shape),
-                )),
-                (None, true) => Err(Error::tensor(path, name, "missing for a quantized layer")),
-                (Some(_), false) => Err(Error::tensor(
-                    path,
-                    name,
-                    "present but the spec does not call for it",
-                )),
-                (None, false) => Ok(()),
-            }
-        };
-        expect("weight_scale", vec![n], true)?;
-        expect("input_scale", vec![1], l.scheme.is_static())?;
-        if let Some(t) = tensors.get(&format!("{layer}.input_scale")) {
-            // The static quantize divides by it.
-            if let Some(bad) = t
-                .to_f32()
-                .into_iter()
-                .find(|v| !(v.is_finite() && *v > 0.0))
-            {
-                return Err(Error::tensor(
-                    path,
-                    format!("{layer}.input_scale"),
-                    format!("{bad} is not a finite positive scale"),
-                ));
-            }
-        }
-        expect("smooth_inv", vec![k], l.smooth == SmoothFold::Runtime)?;
-    }
-    Ok(())
 }
 
 /// Maps a file read-only (the source is never modified).

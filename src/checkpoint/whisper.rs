@@ -7,6 +7,7 @@ use super::native::{DecodingSpec, FeatureSpec, NativeConfig, TokenizerSpec};
 use super::tensor::{DType, Tensor};
 use super::{ct2, safetensors_io, Checkpoint, SourceFormat};
 use crate::error::{Error, Result};
+use crate::format::{QuantDtype, QuantizationSpec, SmoothFold};
 use crate::models::whisper::{expected_tensors, WhisperConfig, ARCHITECTURE};
 
 /// The special tokens Whisper's prompt and decoding need, read from `tokenizer.json`.
@@ -82,6 +83,18 @@ fn count_layers(tensors: &BTreeMap<String, Tensor>, side: &str) -> usize {
         .count()
 }
 
+/// [`WhisperConfig::check`] on an imported config, blaming the file and key each value came
+/// from (`origin`).
+fn check_imported(
+    config: &WhisperConfig,
+    origin: impl Fn(&'static str) -> (PathBuf, String),
+) -> Result<()> {
+    config.check().map_err(|f| {
+        let (path, key) = origin(f.key);
+        Error::config_key(path, key, f.message)
+    })
+}
+
 /// Builds the config from the tensor shapes (the geometry) and the tokenizer (the token ids).
 fn whisper_config(
     path: &Path,
@@ -138,44 +151,108 @@ fn whisper_config(
     } else {
         config.forced_decoder_ids = vec![(1, Some(no_timestamps))];
     }
-    for (name, heads) in [
-        ("encoder", config.encoder_attention_heads),
-        ("decoder", config.decoder_attention_heads),
-    ] {
-        if heads == 0 || !config.d_model.is_multiple_of(heads) {
-            return Err(Error::corrupt(
-                path,
-                format!(
-                    "{name}: {heads} attention heads do not divide d_model {}",
-                    config.d_model
-                ),
-            ));
-        }
-    }
-    if config.encoder_layers == 0 || config.decoder_layers == 0 {
-        return Err(Error::corrupt(path, "no encoder or decoder layers found"));
-    }
     Ok(config)
 }
 
-/// Checks that the tensors are exactly Whisper's, with float dtypes and the expected shapes.
+/// Checks that the tensors are exactly Whisper's: every tensor the architecture needs, with the
+/// shape the config gives it and a float dtype, except the weights of the quantized layers of
+/// `spec`, whose codes and scales follow docs/format.md (scales finite and positive); and no
+/// other tensor.
 pub(super) fn validate(
     path: &Path,
     config: &WhisperConfig,
     tensors: &BTreeMap<String, Tensor>,
+    spec: Option<&QuantizationSpec>,
 ) -> Result<()> {
     let expected = expected_tensors(config);
+    fn quantized<'a>(
+        spec: Option<&'a QuantizationSpec>,
+        name: &'a str,
+    ) -> Option<(&'a str, &'a crate::format::LayerSpec)> {
+        let layer = name.strip_suffix(".weight")?;
+        Some((layer, spec?.layers.get(layer)?))
+    }
+    let mut allowed: std::collections::HashSet<String> =
+        expected.iter().map(|(n, _)| n.clone()).collect();
     for (name, shape) in &expected {
         let t = tensors
             .get(name)
             .ok_or_else(|| Error::tensor(path, name, "missing"))?;
+        if let Some((layer, l)) = quantized(spec, name) {
+            let code = match l.scheme.dtype() {
+                QuantDtype::Int8 => DType::I8,
+                QuantDtype::Float8E4m3fn => DType::F8E4m3,
+            };
+            if t.dtype != code || &t.shape != shape {
+                return Err(Error::tensor(
+                    path,
+                    name,
+                    format!(
+                        "expected a {code} {shape:?} weight for a {} layer, found {} {:?}",
+                        l.scheme.name(),
+                        t.dtype,
+                        t.shape
+                    ),
+                ));
+            }
+            let (n, k) = (shape[0], shape[shape.len() - 1]);
+            for (key, shape, present) in [
+                ("weight_scale", vec![n], true),
+                ("input_scale", vec![1], l.scheme.is_static()),
+                ("smooth_inv", vec![k], l.smooth == SmoothFold::Runtime),
+            ] {
+                let name = format!("{layer}.{key}");
+                match (tensors.get(&name), present) {
+                    (Some(t), true) if t.dtype == DType::F32 && t.shape == shape => {
+                        // Every quantize and GEMM multiplies or divides by them.
+                        if let Some((i, v)) = t
+                            .to_f32()
+                            .into_iter()
+                            .enumerate()
+                            .find(|(_, v)| !(v.is_finite() && *v > 0.0))
+                        {
+                            return Err(Error::tensor(
+                                path,
+                                name,
+                                format!("element {i} is {v}; a scale must be finite and positive"),
+                            ));
+                        }
+                        allowed.insert(name);
+                    }
+                    (Some(t), true) => {
+                        return Err(Error::tensor(
+                            path,
+                            name,
+                            format!("expected F32 {shape:?}, found {} {:?}", t.dtype, t.shape),
+                        ))
+                    }
+                    (None, true) => {
+                        return Err(Error::tensor(path, name, "missing for a quantized layer"))
+                    }
+                    (Some(_), false) => {
+                        return Err(Error::tensor(
+                            path,
+                            name,
+                            "present but the spec does not call for it",
+                        ))
+                    }
+                    (None, false) => {}
+                }
+            }
+            continue;
+        }
         if !t.dtype.is_float() {
             return Err(Error::tensor(
                 path,
                 name,
                 format!(
-                    "expected a float dtype, found {} (is the source already quantized?)",
-                    t.dtype
+                    "expected a float dtype, found {}{}",
+                    t.dtype,
+                    if spec.is_some() {
+                        " (the spec does not list this layer as quantized)"
+                    } else {
+                        " (is the source already quantized?)"
+                    }
                 ),
             ));
         }
@@ -187,14 +264,232 @@ pub(super) fn validate(
             ));
         }
     }
-    if tensors.len() != expected.len() {
-        let known: std::collections::HashSet<&str> =
-            expected.iter().map(|(n, _)| n.as_str()).collect();
-        if let Some(extra) = tensors.keys().find(|k| !known.contains(k.as_str())) {
-            return Err(Error::tensor(
+    if let Some(extra) = tensors.keys().find(|k| !allowed.contains(k.as_str())) {
+        return Err(Error::tensor(
+            path,
+            extra,
+            "unexpected tensor for a Whisper checkpoint",
+        ));
+    }
+    Ok(())
+}
+
+/// The features Whisper's frontend computes for `mel_bins` bands.
+fn whisper_features(mel_bins: usize) -> FeatureSpec {
+    FeatureSpec {
+        kind: "whisper_logmel".into(),
+        sample_rate: crate::frontend::whisper_logmel::SAMPLE_RATE,
+        feature_dim: mel_bins as u32,
+        frame_length_ms: 25.0,
+        frame_shift_ms: 10.0,
+        dither: 0.0,
+        lfr_m: 1,
+        lfr_n: 1,
+        window_type: "hann".into(),
+        normalize: None,
+        audio_scale: 1.0,
+        window_seconds: Some(30.0),
+        preemphasis: None,
+    }
+}
+
+/// The Whisper `model_config` of a native checkpoint, checked with [`WhisperConfig::check`],
+/// with its `features` (exactly what the Whisper frontend computes, when not null) and its
+/// `decoding` ids (the config's own, inside the vocabulary) checked against it.
+pub(super) fn native_model_config(path: &Path, config: &NativeConfig) -> Result<WhisperConfig> {
+    let model: WhisperConfig =
+        serde_json::from_value(config.model_config.clone()).map_err(|e| {
+            Error::config_key(
                 path,
-                extra,
-                "unexpected tensor for a Whisper checkpoint",
+                "model_config",
+                format!("invalid Whisper model_config: {e}"),
+            )
+        })?;
+    model
+        .check()
+        .map_err(|f| Error::config_key(path, format!("model_config.{}", f.key), f.message))?;
+    if let Some(features) = &config.features {
+        let expected =
+            serde_json::to_value(whisper_features(model.num_mel_bins)).unwrap_or_default();
+        let found = serde_json::to_value(features).unwrap_or_default();
+        if let (Some(expected), Some(found)) = (expected.as_object(), found.as_object()) {
+            for (key, want) in expected {
+                let got = found.get(key).unwrap_or(&serde_json::Value::Null);
+                if got != want {
+                    return Err(Error::config_key(
+                        path,
+                        format!("features.{key}"),
+                        format!(
+                            "is {got}; the Whisper frontend of a {}-band model computes {want}",
+                            model.num_mel_bins
+                        ),
+                    ));
+                }
+            }
+        }
+    }
+    let d = &config.decoding;
+    if d.default_decode_type != "aed" {
+        return Err(Error::config_key(
+            path,
+            "decoding.default_decode_type",
+            format!("is {:?}; Whisper decodes \"aed\"", d.default_decode_type),
+        ));
+    }
+    for (key, id, want) in [
+        (
+            "decoding.sos_id",
+            d.sos_id,
+            Some(model.decoder_start_token_id),
+        ),
+        ("decoding.eos_id", d.eos_id, Some(model.eos_token_id)),
+        ("decoding.blank_id", d.blank_id, None),
+        ("decoding.unk_id", d.unk_id, None),
+    ] {
+        if let Some(want) = want {
+            if id != Some(want) {
+                return Err(Error::config_key(
+                    path,
+                    key,
+                    format!("is {id:?}; model_config says {want}"),
+                ));
+            }
+        }
+        if let Some(id) = id.filter(|id| *id as usize >= model.vocab_size) {
+            return Err(Error::config_key(
+                path,
+                key,
+                format!(
+                    "token id {id} is outside the vocabulary of {}",
+                    model.vocab_size
+                ),
+            ));
+        }
+    }
+    Ok(model)
+}
+
+/// A native Whisper checkpoint carries its `tokenizer.json`, whose special tokens are the
+/// config's start and end ids.
+pub(super) fn check_native_tokenizer(
+    path: &Path,
+    config: &NativeConfig,
+    model: &WhisperConfig,
+    files: &BTreeMap<String, PathBuf>,
+) -> Result<()> {
+    let Some(spec) = &config.tokenizer else {
+        return Err(Error::config_key(
+            path,
+            "tokenizer",
+            "is null; a Whisper checkpoint carries its tokenizer.json",
+        ));
+    };
+    if spec.kind != "whisper" {
+        return Err(Error::config_key(
+            path,
+            "tokenizer.kind",
+            format!("is {:?}; expected \"whisper\"", spec.kind),
+        ));
+    }
+    let Some(file) = files.get("tokenizer") else {
+        return Err(Error::config_key(
+            path,
+            "tokenizer.files",
+            "has no `tokenizer` entry (the tokenizer.json)",
+        ));
+    };
+    let tokens = SpecialTokens::read(file)?;
+    for (key, token, id) in [
+        (
+            "model_config.decoder_start_token_id",
+            "<|startoftranscript|>",
+            model.decoder_start_token_id,
+        ),
+        (
+            "model_config.eos_token_id",
+            "<|endoftext|>",
+            model.eos_token_id,
+        ),
+    ] {
+        let want = tokens.get(token)?;
+        if id != want {
+            return Err(Error::config_key(
+                path,
+                key,
+                format!("is {id} but {} has `{token}` = {want}", file.display()),
+            ));
+        }
+    }
+    tokens.get("<|notimestamps|>")?;
+    Ok(())
+}
+
+/// The spec's layers, links and smoothing targets name modules of this Whisper model, with the
+/// kinds its layout gives them.
+pub(super) fn validate_spec(
+    path: &Path,
+    model: &WhisperConfig,
+    spec: &QuantizationSpec,
+) -> Result<()> {
+    let layout = crate::models::whisper::quantization_layout(model);
+    let tensors: std::collections::HashSet<String> = expected_tensors(model)
+        .into_iter()
+        .map(|(n, _)| n)
+        .collect();
+    for (name, layer) in &spec.layers {
+        let key = format!("quantization.layers.{name}");
+        let Some(known) = layout.layers.iter().find(|l| &l.name == name) else {
+            return Err(Error::config_key(
+                path,
+                key,
+                "is not a quantizable layer of this Whisper model",
+            ));
+        };
+        if known.kind != layer.kind {
+            return Err(Error::config_key(
+                path,
+                format!("{key}.kind"),
+                format!(
+                    "is {}; the layer is a {}",
+                    layer.kind.name(),
+                    known.kind.name()
+                ),
+            ));
+        }
+        if let Some(into) = &layer.smoothed_into {
+            if !tensors.contains(&format!("{into}.weight")) {
+                return Err(Error::config_key(
+                    path,
+                    format!("{key}.smoothed_into"),
+                    format!("`{into}` is not a module of this Whisper model"),
+                ));
+            }
+        }
+    }
+    for norm in &spec.links.fused_norms {
+        if !(norm.norm.ends_with("layer_norm")
+            && tensors.contains(&format!("{}.weight", norm.norm)))
+        {
+            return Err(Error::config_key(
+                path,
+                "quantization.links.fused_norms",
+                format!("`{}` is not a LayerNorm of this Whisper model", norm.norm),
+            ));
+        }
+    }
+    for chain in &spec.links.gemm_chains {
+        if !layout
+            .gemm_chains
+            .iter()
+            .any(|c| c.producer == chain.producer && c.consumer == chain.consumer)
+        {
+            return Err(Error::config_key(
+                path,
+                "quantization.links.gemm_chains",
+                format!(
+                    "`{}` -> `{}` is not a GEMM chain of this Whisper model",
+                    chain.producer, chain.consumer
+                ),
             ));
         }
     }
@@ -215,21 +510,7 @@ fn native_config(config: &WhisperConfig, tokenizer: bool) -> NativeConfig {
             )]),
             options: serde_json::json!({"eot_id": config.eos_token_id}),
         }),
-        features: Some(FeatureSpec {
-            kind: "whisper_logmel".into(),
-            sample_rate: 16000,
-            feature_dim: config.num_mel_bins as u32,
-            frame_length_ms: 25.0,
-            frame_shift_ms: 10.0,
-            dither: 0.0,
-            lfr_m: 1,
-            lfr_n: 1,
-            window_type: "hann".into(),
-            normalize: None,
-            audio_scale: 1.0,
-            window_seconds: Some(30.0),
-            preemphasis: None,
-        }),
+        features: Some(whisper_features(config.num_mel_bins)),
         decoding: DecodingSpec {
             default_decode_type: "aed".into(),
             blank_id: Some(0),
@@ -243,12 +524,13 @@ fn native_config(config: &WhisperConfig, tokenizer: bool) -> NativeConfig {
 
 fn finish(
     dir: &Path,
+    weights: &Path,
     format: SourceFormat,
     config: WhisperConfig,
     tensors: BTreeMap<String, Tensor>,
     files_read: Vec<PathBuf>,
 ) -> Result<Checkpoint> {
-    validate(dir, &config, &tensors)?;
+    validate(weights, &config, &tensors, None)?;
     let tokenizer = dir.join("tokenizer.json");
     let mut tokenizer_files = BTreeMap::new();
     tokenizer_files.insert("tokenizer".to_string(), tokenizer);
@@ -267,39 +549,126 @@ fn json_file(path: &Path) -> Result<serde_json::Value> {
     serde_json::from_str(&text).map_err(|e| Error::corrupt(path, format!("invalid JSON: {e}")))
 }
 
-fn u32_list(value: Option<&serde_json::Value>) -> Vec<u32> {
-    value
-        .and_then(|v| v.as_array())
-        .map(|a| {
-            a.iter()
-                .filter_map(|x| x.as_u64().and_then(|x| u32::try_from(x).ok()))
-                .collect()
-        })
-        .unwrap_or_default()
+/// A JSON file whose top level is an object.
+fn json_object(path: &Path) -> Result<serde_json::Map<String, serde_json::Value>> {
+    match json_file(path)? {
+        serde_json::Value::Object(map) => Ok(map),
+        other => Err(Error::corrupt(
+            path,
+            format!("expected a JSON object at the top level, found {other}"),
+        )),
+    }
 }
 
-fn pairs(value: Option<&serde_json::Value>) -> Vec<(u32, u32)> {
-    value
-        .and_then(|v| v.as_array())
-        .map(|a| {
-            a.iter()
-                .filter_map(|p| {
-                    let p = p.as_array()?;
-                    Some((
-                        u32::try_from(p.first()?.as_u64()?).ok()?,
-                        u32::try_from(p.get(1)?.as_u64()?).ok()?,
-                    ))
+fn as_u32(value: &serde_json::Value) -> Option<u32> {
+    value.as_u64().and_then(|x| u32::try_from(x).ok())
+}
+
+/// A list of token ids under `key` (absent or null: empty); anything else is refused by key.
+fn u32_list(
+    path: &Path,
+    json: &serde_json::Map<String, serde_json::Value>,
+    key: &str,
+) -> Result<Vec<u32>> {
+    match json.get(key) {
+        None | Some(serde_json::Value::Null) => Ok(Vec::new()),
+        Some(serde_json::Value::Array(a)) => a
+            .iter()
+            .map(|x| {
+                as_u32(x)
+                    .ok_or_else(|| Error::config_key(path, key, format!("{x} is not a token id")))
+            })
+            .collect(),
+        Some(other) => Err(Error::config_key(
+            path,
+            key,
+            format!("expected a list of token ids, found {other}"),
+        )),
+    }
+}
+
+/// `[layer, head]` pairs under `key` (absent or null: empty); anything else is refused by key.
+fn pairs(
+    path: &Path,
+    json: &serde_json::Map<String, serde_json::Value>,
+    key: &str,
+) -> Result<Vec<(u32, u32)>> {
+    match json.get(key) {
+        None | Some(serde_json::Value::Null) => Ok(Vec::new()),
+        Some(serde_json::Value::Array(a)) => a
+            .iter()
+            .map(|p| {
+                match p.as_array().map(|p| p.as_slice()) {
+                    Some([l, h]) => as_u32(l).zip(as_u32(h)),
+                    _ => None,
+                }
+                .ok_or_else(|| {
+                    Error::config_key(path, key, format!("{p} is not a [layer, head] pair"))
                 })
-                .collect()
-        })
-        .unwrap_or_default()
+            })
+            .collect(),
+        Some(other) => Err(Error::config_key(
+            path,
+            key,
+            format!("expected a list of [layer, head] pairs, found {other}"),
+        )),
+    }
 }
 
-/// Imports a Hugging Face Whisper directory (`config.json` + `model.safetensors`).
+/// The `config.json` keys of a Hugging Face Whisper model that restate the tensor geometry.
+const HF_GEOMETRY: &[&str] = &[
+    "vocab_size",
+    "d_model",
+    "encoder_layers",
+    "decoder_layers",
+    "encoder_ffn_dim",
+    "decoder_ffn_dim",
+    "num_mel_bins",
+    "max_source_positions",
+    "max_target_positions",
+];
+
+/// The Hugging Face config's view of the model: `from_tensors` with every geometry key and
+/// `activation_function` that `config.json` states in their place.
+fn hf_claimed(
+    path: &Path,
+    hf: &serde_json::Map<String, serde_json::Value>,
+    from_tensors: &WhisperConfig,
+) -> Result<WhisperConfig> {
+    let mut value = serde_json::to_value(from_tensors).unwrap_or_default();
+    for key in HF_GEOMETRY {
+        if let Some(v) = hf.get(*key) {
+            if v.as_u64().is_none() {
+                return Err(Error::config_key(
+                    path,
+                    *key,
+                    format!("expected a non-negative integer, found {v}"),
+                ));
+            }
+            value[*key] = v.clone();
+        }
+    }
+    if let Some(v) = hf.get("activation_function") {
+        if !v.is_string() {
+            return Err(Error::config_key(
+                path,
+                "activation_function",
+                format!("expected a string, found {v}"),
+            ));
+        }
+        value["activation_function"] = v.clone();
+    }
+    serde_json::from_value(value)
+        .map_err(|e| Error::corrupt(path, format!("invalid Whisper config: {e}")))
+}
+
+/// Imports a Hugging Face Whisper directory (`config.json` + `model.safetensors`). The geometry
+/// comes from the tensors; every value `config.json` states must agree with them and with the
+/// forward (the key at fault is named).
 pub fn import_hf(dir: &Path) -> Result<Checkpoint> {
     let config_path = dir.join("config.json");
     let weights_path = dir.join("model.safetensors");
-    let hf = json_file(&config_path)?;
+    let hf = json_object(&config_path)?;
     let source = safetensors_io::read(&weights_path)?;
     let mut tensors = BTreeMap::new();
     for (name, tensor) in source {
@@ -331,7 +700,7 @@ pub fn import_hf(dir: &Path) -> Result<Checkpoint> {
         hf.get(key)
             .and_then(|v| v.as_u64())
             .map(|v| v as usize)
-            .ok_or_else(|| Error::corrupt(&config_path, format!("missing integer `{key}`")))
+            .ok_or_else(|| Error::config_key(&config_path, key, "missing or not an integer"))
     };
     let heads = (
         head("encoder_attention_heads")?,
@@ -341,34 +710,98 @@ pub fn import_hf(dir: &Path) -> Result<Checkpoint> {
     let tokens = SpecialTokens::read(&tokenizer)?;
     let generation = dir.join("generation_config.json");
     let gen = if generation.is_file() {
-        Some(json_file(&generation)?)
+        Some(json_object(&generation)?)
     } else {
         None
     };
+    let no_gen = serde_json::Map::new();
+    let g = gen.as_ref().unwrap_or(&no_gen);
+    let language_token_ids = match g.get("lang_to_id") {
+        None | Some(serde_json::Value::Null) => Vec::new(),
+        Some(serde_json::Value::Object(m)) => {
+            let mut ids = m
+                .iter()
+                .map(|(lang, v)| {
+                    as_u32(v).ok_or_else(|| {
+                        Error::config_key(
+                            &generation,
+                            format!("lang_to_id.{lang}"),
+                            format!("{v} is not a token id"),
+                        )
+                    })
+                })
+                .collect::<Result<Vec<u32>>>()?;
+            ids.sort_unstable();
+            ids
+        }
+        Some(other) => {
+            return Err(Error::config_key(
+                &generation,
+                "lang_to_id",
+                format!("expected an object of language tokens to ids, found {other}"),
+            ))
+        }
+    };
     let extras = Extras {
-        suppress_tokens: u32_list(hf.get("suppress_tokens")),
-        begin_suppress_tokens: u32_list(hf.get("begin_suppress_tokens")),
-        language_token_ids: gen
-            .as_ref()
-            .and_then(|g| g.get("lang_to_id"))
-            .and_then(|m| m.as_object())
-            .map(|m| {
-                let mut ids: Vec<u32> = m
-                    .values()
-                    .filter_map(|v| v.as_u64().and_then(|x| u32::try_from(x).ok()))
-                    .collect();
-                ids.sort_unstable();
-                ids
-            })
-            .unwrap_or_default(),
-        alignment_heads: pairs(gen.as_ref().and_then(|g| g.get("alignment_heads"))),
+        suppress_tokens: u32_list(&config_path, &hf, "suppress_tokens")?,
+        begin_suppress_tokens: u32_list(&config_path, &hf, "begin_suppress_tokens")?,
+        language_token_ids,
+        alignment_heads: pairs(&generation, g, "alignment_heads")?,
     };
     let config = whisper_config(&weights_path, &tensors, heads, &tokens, extras)?;
-    let mut files_read = vec![config_path, weights_path, tokenizer];
+    let origin = |key: &'static str| -> (PathBuf, String) {
+        match key {
+            "encoder_attention_heads"
+            | "decoder_attention_heads"
+            | "suppress_tokens"
+            | "begin_suppress_tokens" => (config_path.clone(), key.into()),
+            "activation_function" | "model_type" => (config_path.clone(), key.into()),
+            k if HF_GEOMETRY.contains(&k) && hf.contains_key(k) => (config_path.clone(), k.into()),
+            "alignment_heads" => (generation.clone(), key.into()),
+            "language_token_ids" => (generation.clone(), "lang_to_id".into()),
+            "decoder_start_token_id" | "eos_token_id" | "task_token_ids" | "forced_decoder_ids" => {
+                (tokenizer.clone(), format!("added_tokens ({key})"))
+            }
+            other => (
+                weights_path.clone(),
+                format!("{other} (from the tensor shapes)"),
+            ),
+        }
+    };
+    // The geometry config.json states against the tensors, then its values against each other
+    // and the forward (head counts, activation, token lists).
+    let claimed = hf_claimed(&config_path, &hf, &config)?;
+    let (stated, actual) = (
+        serde_json::to_value(&claimed).unwrap_or_default(),
+        serde_json::to_value(&config).unwrap_or_default(),
+    );
+    for key in HF_GEOMETRY {
+        if stated[*key] != actual[*key] {
+            return Err(Error::config_key(
+                &config_path,
+                *key,
+                format!(
+                    "is {} but the tensors of {} give {}",
+                    stated[*key],
+                    weights_path.display(),
+                    actual[*key]
+                ),
+            ));
+        }
+    }
+    check_imported(&claimed, origin)?;
+    let mut files_read = vec![config_path, weights_path.clone(), tokenizer];
     if gen.is_some() {
         files_read.push(generation);
     }
-    finish(dir, SourceFormat::HfWhisper, config, tensors, files_read)
+    finish(
+        dir,
+        &weights_path,
+        SourceFormat::HfWhisper,
+        config,
+        tensors,
+        files_read,
+    )
 }
 
 /// Maps one CTranslate2 Whisper variable to its OASR name(s); fused projections are split.
@@ -548,7 +981,7 @@ pub fn import_ct2(dir: &Path) -> Result<Checkpoint> {
             ),
         });
     }
-    let ct2_config = json_file(&config_path)?;
+    let ct2_config = json_object(&config_path)?;
     let mut tensors = BTreeMap::new();
     for (name, t) in &model.variables {
         if CT2_ATTRIBUTES.contains(&name.as_str()) {
@@ -576,17 +1009,29 @@ pub fn import_ct2(dir: &Path) -> Result<Checkpoint> {
             format!("unexpected alias `{alias}` -> `{target}`"),
         ));
     }
-    for (name, expected) in [
-        ("decoder/pre_norm", 1),
-        ("decoder/scale_embeddings", 0),
-        ("decoder/alibi", 0),
+    // The architecture switches of the spec: the forward implements Whisper's values only
+    // (`decoder/activation` 3 is CTranslate2's exact-erf GELU).
+    for (name, expected, what) in [
+        ("decoder/pre_norm", 1, "pre-norm blocks"),
+        ("decoder/scale_embeddings", 0, "unscaled embeddings"),
+        ("decoder/alibi", 0, "no ALiBi"),
+        (
+            "decoder/activation",
+            3,
+            "exact-erf GELU (CTranslate2 activation 3)",
+        ),
+        (
+            "decoder/start_from_zero_embedding",
+            0,
+            "no zero start embedding",
+        ),
     ] {
         let value = ct2_int(&bin, &model, name)?;
         if value != expected {
             return Err(Error::tensor(
                 &bin,
                 name,
-                format!("is {value}; Whisper has {expected}"),
+                format!("is {value}; the Whisper forward implements {expected} ({what})"),
             ));
         }
     }
@@ -598,17 +1043,30 @@ pub fn import_ct2(dir: &Path) -> Result<Checkpoint> {
     let tokenizer = dir.join("tokenizer.json");
     let tokens = SpecialTokens::read(&tokenizer)?;
     let extras = Extras {
-        suppress_tokens: u32_list(ct2_config.get("suppress_ids")),
-        begin_suppress_tokens: u32_list(ct2_config.get("suppress_ids_begin")),
-        language_token_ids: u32_list(ct2_config.get("lang_ids")),
-        alignment_heads: pairs(ct2_config.get("alignment_heads")),
+        suppress_tokens: u32_list(&config_path, &ct2_config, "suppress_ids")?,
+        begin_suppress_tokens: u32_list(&config_path, &ct2_config, "suppress_ids_begin")?,
+        language_token_ids: u32_list(&config_path, &ct2_config, "lang_ids")?,
+        alignment_heads: pairs(&config_path, &ct2_config, "alignment_heads")?,
     };
     let config = whisper_config(&bin, &tensors, heads, &tokens, extras)?;
+    check_imported(&config, |key| match key {
+        "encoder_attention_heads" => (bin.clone(), "encoder/num_heads".into()),
+        "decoder_attention_heads" => (bin.clone(), "decoder/num_heads".into()),
+        "suppress_tokens" => (config_path.clone(), "suppress_ids".into()),
+        "begin_suppress_tokens" => (config_path.clone(), "suppress_ids_begin".into()),
+        "language_token_ids" => (config_path.clone(), "lang_ids".into()),
+        "alignment_heads" => (config_path.clone(), "alignment_heads".into()),
+        "decoder_start_token_id" | "eos_token_id" | "task_token_ids" | "forced_decoder_ids" => {
+            (tokenizer.clone(), format!("added_tokens ({key})"))
+        }
+        other => (bin.clone(), format!("{other} (from the tensor shapes)")),
+    })?;
     finish(
         dir,
+        &bin,
         SourceFormat::Ct2Whisper,
         config,
         tensors,
-        vec![bin, config_path, tokenizer],
+        vec![bin.clone(), config_path, tokenizer],
     )
 }

@@ -255,6 +255,21 @@ impl Attention {
         let what = &self.out.name;
         let q = exec.linear(&self.q, x)?;
         let (rows, d) = q.dims2().map_err(ce(what))?;
+        if self.heads == 0
+            || !d.is_multiple_of(self.heads)
+            || kv.keys.len() != kv.values.len()
+            || !kv.keys.len().is_multiple_of(d)
+        {
+            return Err(Error::Model {
+                what: what.clone(),
+                message: format!(
+                    "{} heads over width {d} with {} keys and {} values",
+                    self.heads,
+                    kv.keys.len(),
+                    kv.values.len()
+                ),
+            });
+        }
         let merged = attention_core(
             &to_vec(&q, what)?,
             &kv.keys,
@@ -334,9 +349,11 @@ pub struct Whisper {
     decoder_norm: Norm,
 }
 
-/// Loads tensors from a checkpoint into f32 candle tensors.
+/// Loads tensors from a checkpoint into f32 candle tensors, each with the shape the config
+/// gives it.
 struct Loader<'a> {
     ckpt: &'a Checkpoint,
+    shapes: BTreeMap<String, Vec<usize>>,
     device: Device,
 }
 
@@ -353,6 +370,26 @@ impl Loader<'_> {
                 name,
                 format!("expected a float tensor, found {}", t.dtype),
             ));
+        }
+        match self.shapes.get(name) {
+            Some(shape) if shape == &t.shape => {}
+            Some(shape) => {
+                return Err(Error::tensor(
+                    &self.ckpt.dir,
+                    name,
+                    format!(
+                        "expected shape {shape:?} for this model_config, found {:?}",
+                        t.shape
+                    ),
+                ))
+            }
+            None => {
+                return Err(Error::tensor(
+                    &self.ckpt.dir,
+                    name,
+                    "not a tensor of this Whisper model",
+                ))
+            }
         }
         Tensor::from_vec(t.to_f32(), t.shape.clone(), &self.device).map_err(ce(name))
     }
@@ -407,6 +444,12 @@ impl Loader<'_> {
 /// the taps (t·stride − 1, t·stride, t·stride + 1) in order.
 fn im2col3(x: &Tensor, stride: usize, what: &str) -> Result<Tensor> {
     let (len, _) = x.dims2().map_err(ce(what))?;
+    if len == 0 || stride == 0 {
+        return Err(Error::Model {
+            what: what.into(),
+            message: format!("a convolution over {len} frames with stride {stride}"),
+        });
+    }
     let out_len = (len - 1) / stride + 1;
     let padded = x.pad_with_zeros(0, 1, 1).map_err(ce(what))?;
     let taps = (0..3)
@@ -436,8 +479,28 @@ impl Whisper {
     pub fn load(ckpt: &Checkpoint) -> Result<Whisper> {
         let config: WhisperConfig = serde_json::from_value(ckpt.config.model_config.clone())
             .map_err(|e| Error::corrupt(&ckpt.dir, format!("invalid Whisper model_config: {e}")))?;
+        // Checkpoint::open checked all of this; a Checkpoint built by hand is checked here too,
+        // so no config value can reach an index or a division unchecked.
+        config.check().map_err(|f| Error::ConfigKey {
+            path: ckpt.dir.clone(),
+            key: format!("model_config.{}", f.key),
+            message: f.message,
+        })?;
+        if config.encoder_layers.saturating_add(config.decoder_layers) > ckpt.tensors.len() {
+            return Err(Error::ConfigKey {
+                path: ckpt.dir.clone(),
+                key: "model_config.encoder_layers".into(),
+                message: format!(
+                    "{} encoder and {} decoder layers cannot fit in {} tensors",
+                    config.encoder_layers,
+                    config.decoder_layers,
+                    ckpt.tensors.len()
+                ),
+            });
+        }
         let l = Loader {
             ckpt,
+            shapes: super::expected_tensors(&config).into_iter().collect(),
             device: Device::Cpu,
         };
         let encoder_layers = (0..config.encoder_layers)
@@ -623,6 +686,16 @@ impl Whisper {
         tokens: &[u32],
     ) -> Result<Tensor> {
         let what = "decoder";
+        let layers = self.decoder_layers.len();
+        if state.self_kv.len() != layers || state.cross_kv.len() != layers {
+            return Err(Error::Model {
+                what: what.into(),
+                message: format!(
+                    "a decoder state of {} layers for a decoder of {layers}",
+                    state.self_kv.len()
+                ),
+            });
+        }
         let n = tokens.len();
         let start = state.position;
         if start + n > self.config.max_target_positions {
@@ -632,6 +705,18 @@ impl Whisper {
                     "{} tokens exceed the decoder's {} positions",
                     start + n,
                     self.config.max_target_positions
+                ),
+            });
+        }
+        if let Some(bad) = tokens
+            .iter()
+            .find(|t| **t as usize >= self.config.vocab_size)
+        {
+            return Err(Error::Model {
+                what: what.into(),
+                message: format!(
+                    "token {bad} is outside the vocabulary of {}",
+                    self.config.vocab_size
                 ),
             });
         }

@@ -5,7 +5,7 @@ pub mod decoding;
 pub mod forward;
 mod layout;
 
-pub use config::WhisperConfig;
+pub use config::{ConfigFault, WhisperConfig, ENCODER_POSITIONS, MEL_BINS};
 pub use decoding::{
     decode_with_fallback, greedy, teacher_forced, teacher_forced_from, token_limit, Decoded,
     DecodingRules, Fallback, WhisperTokenizer,
