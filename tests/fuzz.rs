@@ -24,6 +24,7 @@ use oasr_quantize::calibration::Manifest;
 use oasr_quantize::checkpoint::{ct2, safetensors_io, Checkpoint, NativeConfig};
 use oasr_quantize::frontend::decode_audio;
 use oasr_quantize::models::whisper::decoding::WhisperTokenizer;
+use oasr_quantize::verify::QuantizedModel;
 use oasr_quantize::{Quantizer, Recipe};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngSeed};
@@ -331,8 +332,13 @@ proptest! {
         let seed = std::fs::read(quantized().join("oasr_config.json")).unwrap();
         let tmp = tempfile::tempdir().unwrap();
         let dir = damaged_checkpoint(tmp.path(), "oasr_config.json", &mutate(&seed, &edits));
-        let _ = Checkpoint::open(&dir);
-        let _ = oasr_quantize::inspect::inspect(&dir);
+        // What opens (and so what `inspect` vouches for) is what `verify` can load.
+        let opened = Checkpoint::open(&dir).is_ok();
+        prop_assert_eq!(opened, oasr_quantize::inspect::inspect(&dir).is_ok());
+        if opened {
+            let loaded = QuantizedModel::load(&dir);
+            prop_assert!(loaded.is_ok(), "opens but verify cannot load it: {:?}", loaded.err());
+        }
     }
 
     #[test]
@@ -340,9 +346,13 @@ proptest! {
         let seed = std::fs::read(quantized().join(TOKENIZER)).unwrap();
         let tmp = tempfile::tempdir().unwrap();
         let dir = damaged_checkpoint(tmp.path(), TOKENIZER, &mutate(&seed, &edits));
-        let _ = Checkpoint::open(&dir);
+        // A tokenizer that loads may still disagree with the config (an id moved): no claim.
         if let Err(e) = WhisperTokenizer::from_file(&dir.join(TOKENIZER)) {
             prop_assert!(names(&e, "tokenizer.json"), "{e}");
+        }
+        // A checkpoint that opens has a tokenizer `transcribe` and `verify` can load.
+        if Checkpoint::open(&dir).is_ok() {
+            prop_assert!(WhisperTokenizer::from_file(&dir.join(TOKENIZER)).is_ok());
         }
     }
 

@@ -421,6 +421,9 @@ pub(super) fn check_native_tokenizer(
         }
     }
     tokens.get("<|notimestamps|>")?;
+    // Loaded as `transcribe` and `verify` load it, so a checkpoint that opens is one they can
+    // decode with (valid JSON with the right special tokens can still be a broken tokenizer).
+    crate::models::whisper::decoding::WhisperTokenizer::from_file(file)?;
     Ok(())
 }
 
