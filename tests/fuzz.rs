@@ -406,6 +406,20 @@ proptest! {
     }
 
     #[test]
+    fn recipe_options(value in any::<String>(), key in 0usize..8, which in 0usize..6) {
+        // `--option ALGORITHM.KEY=VALUE` with any value, on every built-in recipe.
+        let keys = [
+            "smoothquant.alpha", "smoothquant.floor", "smoothquant.runtime",
+            "static_inputs.observer", "static_inputs.percentile", "static_inputs.headroom",
+            "static_inputs.exclude", "rtn.bits",
+        ];
+        let mut recipe = Recipe::built_in().swap_remove(which);
+        if let Err(e) = recipe.set_option(&format!("{}={value}", keys[key])) {
+            prop_assert!(e.to_string().contains("--option"), "{e}");
+        }
+    }
+
+    #[test]
     fn gate_toml(edits in mutations()) {
         let seed = include_bytes!("../calib/gate.toml");
         let tmp = tempfile::tempdir().unwrap();
