@@ -319,7 +319,7 @@ pub fn run_gate(
             format!(
                 "`{}` is not a profile of {} (it has: {})",
                 options.profile,
-                config.path.display(),
+                crate::error::shown(&config.path),
                 config
                     .profiles
                     .keys()
@@ -333,7 +333,10 @@ pub fn run_gate(
         if !config.entries.iter().any(|e| &e.name == name) {
             return Err(Error::option(
                 "--only",
-                format!("`{name}` is not an entry of {}", config.path.display()),
+                format!(
+                    "`{name}` is not an entry of {}",
+                    crate::error::shown(&config.path)
+                ),
             ));
         }
     }

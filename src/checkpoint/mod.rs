@@ -199,7 +199,7 @@ fn tokenizer_file(dir: &Path, config_path: &Path, key: &str, rel: &str) -> Resul
             field,
             format!(
                 "`{rel}` resolves to {}, outside the checkpoint directory",
-                real.display()
+                crate::error::shown(&real)
             ),
         ));
     }

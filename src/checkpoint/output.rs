@@ -75,13 +75,19 @@ impl StagedDir {
         for input in inputs {
             let input = input.canonicalize().map_err(|e| Error::io(input, e))?;
             if resolved == input {
-                return refuse(format!("is the input {}", input.display()));
+                return refuse(format!("is the input {}", crate::error::shown(&input)));
             }
             if resolved.starts_with(&input) {
-                return refuse(format!("lies inside the input {}", input.display()));
+                return refuse(format!(
+                    "lies inside the input {}",
+                    crate::error::shown(&input)
+                ));
             }
             if input.starts_with(&resolved) {
-                return refuse(format!("contains the input {}", input.display()));
+                return refuse(format!(
+                    "contains the input {}",
+                    crate::error::shown(&input)
+                ));
             }
         }
         let (parent, name) = split(&resolved)?;
@@ -155,7 +161,7 @@ impl StagedDir {
                     path: self.dst.clone(),
                     message: format!(
                         "was replaced, but the previous output could not be removed from {}: {e}",
-                        old.display()
+                        crate::error::shown(&old)
                     ),
                 })?;
             }
@@ -377,7 +383,7 @@ impl Lock {
                         message: format!(
                             "another oasr-quantize run is writing it ({pid}; lock {}); wait for \
                              it to finish",
-                            path.display()
+                            crate::error::shown(path)
                         ),
                     });
                 }

@@ -416,7 +416,10 @@ pub(super) fn check_native_tokenizer(
             return Err(Error::config_key(
                 path,
                 key,
-                format!("is {id} but {} has `{token}` = {want}", file.display()),
+                format!(
+                    "is {id} but {} has `{token}` = {want}",
+                    crate::error::shown(file)
+                ),
             ));
         }
     }
@@ -786,7 +789,7 @@ pub fn import_hf(dir: &Path) -> Result<Checkpoint> {
                 format!(
                     "is {} but the tensors of {} give {}",
                     stated[*key],
-                    weights_path.display(),
+                    crate::error::shown(&weights_path),
                     actual[*key]
                 ),
             ));

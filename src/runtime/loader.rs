@@ -102,8 +102,8 @@ fn preload_nvrtc(dir: &std::path::Path) -> std::result::Result<(), String> {
     const RTLD_NOW: c_int = 2;
     const RTLD_GLOBAL: c_int = 0x100;
 
-    let entries =
-        std::fs::read_dir(dir).map_err(|e| format!("{} cannot be read: {e}", dir.display()))?;
+    let entries = std::fs::read_dir(dir)
+        .map_err(|e| format!("{} cannot be read: {e}", crate::error::shown(dir)))?;
     let mut names: Vec<std::path::PathBuf> = entries
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| {
@@ -119,16 +119,22 @@ fn preload_nvrtc(dir: &std::path::Path) -> std::result::Result<(), String> {
         .iter()
         .any(|p| !p.to_string_lossy().contains("builtins"))
     {
-        return Err(format!("{} holds no libnvrtc.so.*", dir.display()));
+        return Err(format!(
+            "{} holds no libnvrtc.so.*",
+            crate::error::shown(dir)
+        ));
     }
     for path in names {
         let c = CString::new(path.as_os_str().as_bytes())
-            .map_err(|_| format!("{} is not a valid path", path.display()))?;
+            .map_err(|_| format!("{} is not a valid path", crate::error::shown(&path)))?;
         // SAFETY: dlopen of a shared library by absolute path; the handle is kept for the life
         // of the process on purpose (the library must stay loaded), so it is never closed.
         let handle = unsafe { dlopen(c.as_ptr(), RTLD_NOW | RTLD_GLOBAL) };
         if handle.is_null() {
-            return Err(format!("{} could not be loaded", path.display()));
+            return Err(format!(
+                "{} could not be loaded",
+                crate::error::shown(&path)
+            ));
         }
     }
     Ok(())
@@ -139,6 +145,6 @@ fn preload_nvrtc(dir: &std::path::Path) -> std::result::Result<(), String> {
     Err(format!(
         "{} cannot be used: {NVRTC_LIB_DIR_ENV} is supported on Linux only; put NVRTC on the \
          library search path instead",
-        dir.display()
+        crate::error::shown(&dir)
     ))
 }
