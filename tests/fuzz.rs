@@ -175,56 +175,6 @@ fn names(e: &oasr_quantize::Error, file: &str) -> bool {
     e.to_string().contains(file)
 }
 
-fn f16_bytes(values: &[f32]) -> Vec<u8> {
-    values
-        .iter()
-        .flat_map(|v| half::f16::from_f32(*v).to_le_bytes())
-        .collect()
-}
-
-/// A small but complete CTranslate2 file: a fused q;k;v, an attribute and an alias.
-fn small_ct2() -> Vec<u8> {
-    let qkv: Vec<f32> = (0..3 * 16 * 16)
-        .map(|i| (i % 7) as f32 * 0.25 - 0.5)
-        .collect();
-    common::ct2_bytes(
-        "WhisperSpec",
-        &[
-            (
-                "decoder/embeddings/weight",
-                vec![8, 16],
-                4,
-                f16_bytes(&[0.5; 128]),
-            ),
-            ("decoder/num_heads", vec![], 2, 2i16.to_le_bytes().to_vec()),
-            (
-                "encoder/layer_0/self_attention/linear_0/weight",
-                vec![48, 16],
-                4,
-                f16_bytes(&qkv),
-            ),
-        ],
-        &[("decoder/projection/weight", "decoder/embeddings/weight")],
-    )
-}
-
-fn small_safetensors() -> Vec<u8> {
-    let data: Vec<u8> = (0..64u8).collect();
-    let views = vec![
-        (
-            "a.weight".to_string(),
-            safetensors::tensor::TensorView::new(safetensors::Dtype::F16, vec![4, 8], &data)
-                .unwrap(),
-        ),
-        (
-            "b.weight_scale".to_string(),
-            safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![4, 1], &data[..16])
-                .unwrap(),
-        ),
-    ];
-    safetensors::serialize(views, &None).unwrap()
-}
-
 /// Where a quantized checkpoint keeps its tokenizer.
 const TOKENIZER: &str = "tokenizer/tokenizer.json";
 
@@ -302,7 +252,7 @@ proptest! {
     #[test]
     fn ctranslate2_model_bin(edits in mutations()) {
         let tmp = tempfile::tempdir().unwrap();
-        let path = write(tmp.path(), "model.bin", &mutate(&small_ct2(), &edits));
+        let path = write(tmp.path(), "model.bin", &mutate(&common::small_ct2(), &edits));
         if let Err(e) = ct2::read(&path) {
             prop_assert!(names(&e, "model.bin"), "{e}");
         }
@@ -311,7 +261,7 @@ proptest! {
     #[test]
     fn safetensors(edits in mutations()) {
         let tmp = tempfile::tempdir().unwrap();
-        let path = write(tmp.path(), "m.safetensors", &mutate(&small_safetensors(), &edits));
+        let path = write(tmp.path(), "m.safetensors", &mutate(&common::small_safetensors(), &edits));
         if let Err(e) = safetensors_io::read(&path) {
             prop_assert!(names(&e, "m.safetensors"), "{e}");
         }
@@ -369,9 +319,9 @@ proptest! {
         let dir = tmp.path();
         write(dir, "config.json", &mutate(&seed, &edits));
         if hf {
-            write(dir, "model.safetensors", &small_safetensors());
+            write(dir, "model.safetensors", &common::small_safetensors());
         } else {
-            write(dir, "model.bin", &small_ct2());
+            write(dir, "model.bin", &common::small_ct2());
         }
         prop_assert!(Checkpoint::open(dir).is_err());
     }
@@ -444,10 +394,13 @@ proptest! {
 #[test]
 fn the_seeds_are_valid() {
     let tmp = tempfile::tempdir().unwrap();
-    assert!(ct2::read(&write(tmp.path(), "model.bin", &small_ct2())).is_ok());
-    assert!(
-        safetensors_io::read(&write(tmp.path(), "m.safetensors", &small_safetensors())).is_ok()
-    );
+    assert!(ct2::read(&write(tmp.path(), "model.bin", &common::small_ct2())).is_ok());
+    assert!(safetensors_io::read(&write(
+        tmp.path(),
+        "m.safetensors",
+        &common::small_safetensors()
+    ))
+    .is_ok());
     Checkpoint::open(quantized()).unwrap();
     for (ext, seed) in audio_seeds() {
         let path = write(tmp.path(), &format!("clip.{ext}"), seed);

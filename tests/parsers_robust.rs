@@ -8,50 +8,12 @@ use std::path::Path;
 use oasr_quantize::checkpoint::{ct2, safetensors_io, Checkpoint, NativeConfig};
 use proptest::prelude::*;
 
-fn f16_bytes(values: &[f32]) -> Vec<u8> {
-    values
-        .iter()
-        .flat_map(|v| half::f16::from_f32(*v).to_le_bytes())
-        .collect()
-}
-
-/// A small but complete CTranslate2 file: a fused q;k;v, an attribute and the alias.
-fn small_ct2() -> Vec<u8> {
-    let qkv: Vec<f32> = (0..3 * 16 * 16)
-        .map(|i| (i % 7) as f32 * 0.25 - 0.5)
-        .collect();
-    common::ct2_bytes(
-        "WhisperSpec",
-        &[
-            (
-                "decoder/embeddings/weight",
-                vec![8, 16],
-                4,
-                f16_bytes(&[0.5; 128]),
-            ),
-            ("decoder/num_heads", vec![], 2, 2i16.to_le_bytes().to_vec()),
-            (
-                "encoder/layer_0/self_attention/linear_0/weight",
-                vec![48, 16],
-                4,
-                f16_bytes(&qkv),
-            ),
-            (
-                "encoder/layer_0/self_attention/linear_0/bias",
-                vec![48],
-                0,
-                [0f32; 48].iter().flat_map(|v| v.to_le_bytes()).collect(),
-            ),
-        ],
-        &[("decoder/projection/weight", "decoder/embeddings/weight")],
-    )
-}
-
 /// A complete CTranslate2 Whisper (d_model 16, 2 heads, one layer each side, 80 mel bands, 8
 /// tokens) that imports without error: a damaged part of it is the only fault.
 fn valid_small_ct2() -> Vec<u8> {
     let (d, ffn, vocab, mel) = (16u32, 32u32, 8u32, 80u32);
-    let zeros = |shape: &[u32]| f16_bytes(&vec![0.0; shape.iter().product::<u32>() as usize]);
+    let zeros =
+        |shape: &[u32]| common::f16_bytes(&vec![0.0; shape.iter().product::<u32>() as usize]);
     let mut vars: Vec<(String, Vec<u32>, u8, Vec<u8>)> = Vec::new();
     let mut tensor = |name: String, shape: Vec<u32>| {
         let data = zeros(&shape);
@@ -129,23 +91,6 @@ fn small_ct2_dir(dir: &Path, replace: &[(&str, &[u8])]) {
     }
 }
 
-fn small_safetensors() -> Vec<u8> {
-    let data: Vec<u8> = (0..64u8).collect();
-    let views = vec![
-        (
-            "a.weight".to_string(),
-            safetensors::tensor::TensorView::new(safetensors::Dtype::F16, vec![4, 8], &data)
-                .unwrap(),
-        ),
-        (
-            "b.bias".to_string(),
-            safetensors::tensor::TensorView::new(safetensors::Dtype::I8, vec![16], &data[..16])
-                .unwrap(),
-        ),
-    ];
-    safetensors::serialize(views, &None).unwrap()
-}
-
 fn write(dir: &Path, name: &str, bytes: &[u8]) -> std::path::PathBuf {
     let path = dir.join(name);
     std::fs::write(&path, bytes).unwrap();
@@ -155,16 +100,20 @@ fn write(dir: &Path, name: &str, bytes: &[u8]) -> std::path::PathBuf {
 #[test]
 fn the_small_files_are_valid() {
     let tmp = tempfile::tempdir().unwrap();
-    let m = ct2::read(&write(tmp.path(), "model.bin", &small_ct2())).unwrap();
+    let m = ct2::read(&write(tmp.path(), "model.bin", &common::small_ct2())).unwrap();
     assert_eq!(m.variables.len(), 4);
     assert_eq!(
         m.aliases["decoder/projection/weight"],
         "decoder/embeddings/weight"
     );
     assert_eq!(
-        safetensors_io::read(&write(tmp.path(), "m.safetensors", &small_safetensors()))
-            .unwrap()
-            .len(),
+        safetensors_io::read(&write(
+            tmp.path(),
+            "m.safetensors",
+            &common::small_safetensors()
+        ))
+        .unwrap()
+        .len(),
         2
     );
 }
@@ -199,7 +148,7 @@ fn a_tokenizer_without_a_special_token_is_refused_by_name() {
 #[test]
 fn every_truncation_of_a_ct2_file_is_an_error_naming_the_file() {
     let tmp = tempfile::tempdir().unwrap();
-    let full = small_ct2();
+    let full = common::small_ct2();
     for len in 0..full.len() {
         let path = write(tmp.path(), "model.bin", &full[..len]);
         let e = ct2::read(&path).expect_err("a truncated file must not parse");
@@ -214,7 +163,7 @@ fn every_truncation_of_a_ct2_file_is_an_error_naming_the_file() {
 #[test]
 fn every_truncation_of_a_safetensors_file_is_an_error() {
     let tmp = tempfile::tempdir().unwrap();
-    let full = small_safetensors();
+    let full = common::small_safetensors();
     for len in 0..full.len() {
         assert!(
             safetensors_io::read(&write(tmp.path(), "m.safetensors", &full[..len])).is_err(),
@@ -238,13 +187,13 @@ proptest! {
     #[test]
     fn bit_flipped_ct2_files_never_panic(flips in prop::collection::vec((any::<usize>(), any::<u8>()), 1..4)) {
         let tmp = tempfile::tempdir().unwrap();
-        let _ = ct2::read(&write(tmp.path(), "model.bin", &flip(&small_ct2(), &flips)));
+        let _ = ct2::read(&write(tmp.path(), "model.bin", &flip(&common::small_ct2(), &flips)));
     }
 
     #[test]
     fn bit_flipped_safetensors_files_never_panic(flips in prop::collection::vec((any::<usize>(), any::<u8>()), 1..4)) {
         let tmp = tempfile::tempdir().unwrap();
-        let _ = safetensors_io::read(&write(tmp.path(), "m.safetensors", &flip(&small_safetensors(), &flips)));
+        let _ = safetensors_io::read(&write(tmp.path(), "m.safetensors", &flip(&common::small_safetensors(), &flips)));
     }
 
     #[test]
@@ -258,7 +207,7 @@ proptest! {
         let native = tmp.path().join("native");
         std::fs::create_dir_all(&native).unwrap();
         write(&native, "oasr_config.json", bytes);
-        write(&native, "model.safetensors", &small_safetensors());
+        write(&native, "model.safetensors", &common::small_safetensors());
         if let Err(e) = Checkpoint::open(&native) {
             prop_assert!(e.to_string().contains("oasr_config.json") || e.to_string().contains("not a checkpoint"), "{}", e);
         }

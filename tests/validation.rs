@@ -661,30 +661,7 @@ fn hf_weights() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
         let dir = tempfile::tempdir().unwrap().keep();
-        let ckpt = Checkpoint::open(&common::tiny_en()).unwrap();
-        let mut tensors: BTreeMap<String, (Vec<usize>, Vec<u8>)> = BTreeMap::new();
-        for (name, t) in &ckpt.tensors {
-            let t = if name.starts_with("encoder.conv") && name.ends_with(".weight") {
-                t.swap_last_two()
-            } else {
-                t.clone()
-            };
-            tensors.insert(
-                format!("model.{name}"),
-                (t.shape.clone(), t.bytes().to_vec()),
-            );
-        }
-        let views: Vec<(String, safetensors::tensor::TensorView)> = tensors
-            .iter()
-            .map(|(n, (s, b))| {
-                (
-                    n.clone(),
-                    safetensors::tensor::TensorView::new(safetensors::Dtype::F16, s.clone(), b)
-                        .unwrap(),
-                )
-            })
-            .collect();
-        safetensors::serialize_to_file(views, &None, &dir.join("model.safetensors")).unwrap();
+        common::write_hf_weights(&dir);
         dir
     })
 }

@@ -2,7 +2,6 @@
 
 mod common;
 
-use std::collections::BTreeMap;
 
 use oasr_quantize::checkpoint::{Checkpoint, DType, SourceFormat};
 use oasr_quantize::format::{ModuleKind, Scheme, SmoothFold};
@@ -273,31 +272,7 @@ fn convert_then_quantize_matches_quantizing_the_source() {
 
 /// Builds a Hugging Face Whisper directory from the real weights, as transformers lays it out.
 fn write_hf_copy(dir: &std::path::Path) {
-    let ckpt = Checkpoint::open(&common::tiny_en()).unwrap();
-    std::fs::create_dir_all(dir).unwrap();
-    let mut tensors: BTreeMap<String, (Vec<usize>, Vec<u8>)> = BTreeMap::new();
-    for (name, t) in &ckpt.tensors {
-        let t = if name.starts_with("encoder.conv") && name.ends_with(".weight") {
-            t.swap_last_two()
-        } else {
-            t.clone()
-        };
-        tensors.insert(
-            format!("model.{name}"),
-            (t.shape.clone(), t.bytes().to_vec()),
-        );
-    }
-    let views: Vec<(String, safetensors::tensor::TensorView)> = tensors
-        .iter()
-        .map(|(n, (s, b))| {
-            (
-                n.clone(),
-                safetensors::tensor::TensorView::new(safetensors::Dtype::F16, s.clone(), b)
-                    .unwrap(),
-            )
-        })
-        .collect();
-    safetensors::serialize_to_file(views, &None, &dir.join("model.safetensors")).unwrap();
+    common::write_hf_weights(dir);
     let config = serde_json::json!({
         "model_type": "whisper", "d_model": 384, "encoder_attention_heads": 6, "decoder_attention_heads": 6,
         "encoder_layers": 4, "decoder_layers": 4, "vocab_size": 51864,

@@ -107,3 +107,91 @@ pub fn manifests() -> (PathBuf, PathBuf) {
     );
     (calib, gate)
 }
+
+/// f32 values as little-endian f16 bytes.
+pub fn f16_bytes(values: &[f32]) -> Vec<u8> {
+    values
+        .iter()
+        .flat_map(|v| half::f16::from_f32(*v).to_le_bytes())
+        .collect()
+}
+
+/// A small but complete CTranslate2 file: a fused q;k;v, an attribute and the alias.
+pub fn small_ct2() -> Vec<u8> {
+    let qkv: Vec<f32> = (0..3 * 16 * 16)
+        .map(|i| (i % 7) as f32 * 0.25 - 0.5)
+        .collect();
+    ct2_bytes(
+        "WhisperSpec",
+        &[
+            (
+                "decoder/embeddings/weight",
+                vec![8, 16],
+                4,
+                f16_bytes(&[0.5; 128]),
+            ),
+            ("decoder/num_heads", vec![], 2, 2i16.to_le_bytes().to_vec()),
+            (
+                "encoder/layer_0/self_attention/linear_0/weight",
+                vec![48, 16],
+                4,
+                f16_bytes(&qkv),
+            ),
+            (
+                "encoder/layer_0/self_attention/linear_0/bias",
+                vec![48],
+                0,
+                [0f32; 48].iter().flat_map(|v| v.to_le_bytes()).collect(),
+            ),
+        ],
+        &[("decoder/projection/weight", "decoder/embeddings/weight")],
+    )
+}
+
+/// A two-tensor safetensors file.
+pub fn small_safetensors() -> Vec<u8> {
+    let data: Vec<u8> = (0..64u8).collect();
+    let views = vec![
+        (
+            "a.weight".to_string(),
+            safetensors::tensor::TensorView::new(safetensors::Dtype::F16, vec![4, 8], &data)
+                .unwrap(),
+        ),
+        (
+            "b.bias".to_string(),
+            safetensors::tensor::TensorView::new(safetensors::Dtype::I8, vec![16], &data[..16])
+                .unwrap(),
+        ),
+    ];
+    safetensors::serialize(views, &None).unwrap()
+}
+
+/// Writes tiny.en's weights as a Hugging Face Whisper `model.safetensors` in `dir`: transformers'
+/// names (`model.` + the canonical name) and its Conv1d layout `[out, in, k]`.
+pub fn write_hf_weights(dir: &Path) {
+    let ckpt = oasr_quantize::checkpoint::Checkpoint::open(&tiny_en()).unwrap();
+    std::fs::create_dir_all(dir).unwrap();
+    let mut tensors: BTreeMap<String, (Vec<usize>, Vec<u8>)> = BTreeMap::new();
+    for (name, t) in &ckpt.tensors {
+        let t = if name.starts_with("encoder.conv") && name.ends_with(".weight") {
+            t.swap_last_two()
+        } else {
+            t.clone()
+        };
+        tensors.insert(
+            format!("model.{name}"),
+            (t.shape.clone(), t.bytes().to_vec()),
+        );
+    }
+    let views: Vec<(String, safetensors::tensor::TensorView)> = tensors
+        .iter()
+        .map(|(n, (s, b))| {
+            (
+                n.clone(),
+                safetensors::tensor::TensorView::new(safetensors::Dtype::F16, s.clone(), b)
+                    .unwrap(),
+            )
+        })
+        .collect();
+    safetensors::serialize_to_file(views, &None, &dir.join("model.safetensors")).unwrap();
+}
