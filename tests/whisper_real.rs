@@ -2,7 +2,6 @@
 
 mod common;
 
-
 use oasr_quantize::checkpoint::{Checkpoint, DType, SourceFormat};
 use oasr_quantize::format::{ModuleKind, Scheme, SmoothFold};
 use oasr_quantize::numerics::{self, QuantDtype};
