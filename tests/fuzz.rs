@@ -222,15 +222,7 @@ fn audio_seeds() -> &'static [(String, Vec<u8>)] {
     SEEDS.get_or_init(|| {
         let tmp = tempfile::tempdir().unwrap();
         let wav = tmp.path().join("a.wav");
-        let spec = hound::WavSpec {
-            channels: 1,
-            sample_rate: 16_000,
-            bits_per_sample: 16,
-            sample_format: hound::SampleFormat::Int,
-        };
-        let mut w = hound::WavWriter::create(&wav, spec).unwrap();
-        (0..4000).for_each(|i| w.write_sample(((i % 40) * 400 - 8000) as i16).unwrap());
-        w.finalize().unwrap();
+        common::write_wav(&wav, 16_000, 4000, |i| ((i % 40) * 400) as i16 - 8000);
         let mut seeds = vec![("wav".to_string(), std::fs::read(&wav).unwrap())];
         for ext in ["flac", "ogg"] {
             let out = tmp.path().join(format!("a.{ext}"));

@@ -195,3 +195,30 @@ pub fn write_hf_weights(dir: &Path) {
         .collect();
     safetensors::serialize_to_file(views, &None, &dir.join("model.safetensors")).unwrap();
 }
+
+/// Writes a mono 16-bit WAV of `samples` samples at `sample_rate`, sample i being `sample(i)`.
+pub fn write_wav(path: &Path, sample_rate: u32, samples: usize, sample: impl Fn(usize) -> i16) {
+    let spec = hound::WavSpec {
+        channels: 1,
+        sample_rate,
+        bits_per_sample: 16,
+        sample_format: hound::SampleFormat::Int,
+    };
+    let mut w = hound::WavWriter::create(path, spec).unwrap();
+    (0..samples).for_each(|i| w.write_sample(sample(i)).unwrap());
+    w.finalize().unwrap();
+}
+
+/// A SmoothQuant recipe's spec: 60 quantized layers, the decoder's four fc2 kept full precision
+/// by the recipe's `keep_full_precision`, and recorded as skipped for that reason.
+pub fn assert_decoder_fc2_kept(spec: &oasr_quantize::format::QuantizationSpec) {
+    assert_eq!(spec.layers.len(), 60);
+    for i in 0..4 {
+        let name = format!("decoder.layers.{i}.fc2");
+        assert!(!spec.layers.contains_key(&name), "{name}");
+        assert!(
+            spec.producer.skipped[&name].contains("keep_full_precision"),
+            "{name}"
+        );
+    }
+}
