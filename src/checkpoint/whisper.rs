@@ -398,7 +398,10 @@ pub(super) fn check_native_tokenizer(
             "has no `tokenizer` entry (the tokenizer.json)",
         ));
     };
-    let tokens = SpecialTokens::read(file)?;
+    // Loaded once, as `transcribe` and `verify` load it (which also requires
+    // `<|notimestamps|>`), so a checkpoint that opens is one they can decode with: valid JSON with
+    // the right special tokens can still be a broken tokenizer.
+    let tokenizer = crate::models::whisper::decoding::WhisperTokenizer::from_file(file)?;
     for (key, token, id) in [
         (
             "model_config.decoder_start_token_id",
@@ -411,7 +414,12 @@ pub(super) fn check_native_tokenizer(
             model.eos_token_id,
         ),
     ] {
-        let want = tokens.get(token)?;
+        let want = tokenizer.token_id(token).ok_or_else(|| {
+            Error::corrupt(
+                file,
+                format!("tokenizer.json does not define the special token `{token}`"),
+            )
+        })?;
         if id != want {
             return Err(Error::config_key(
                 path,
@@ -423,10 +431,6 @@ pub(super) fn check_native_tokenizer(
             ));
         }
     }
-    tokens.get("<|notimestamps|>")?;
-    // Loaded as `transcribe` and `verify` load it, so a checkpoint that opens is one they can
-    // decode with (valid JSON with the right special tokens can still be a broken tokenizer).
-    crate::models::whisper::decoding::WhisperTokenizer::from_file(file)?;
     Ok(())
 }
 

@@ -40,6 +40,11 @@ impl WhisperTokenizer {
     }
 
     /// The text of the tokens, special tokens dropped.
+    /// The id of a token of the vocabulary, special tokens included.
+    pub fn token_id(&self, token: &str) -> Option<u32> {
+        self.inner.token_to_id(token)
+    }
+
     pub fn decode(&self, tokens: &[u32]) -> Result<String> {
         let text: Vec<u32> = tokens.iter().copied().filter(|t| *t < self.eot).collect();
         self.inner
