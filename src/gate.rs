@@ -10,9 +10,9 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use crate::calibration::Manifest;
 use crate::error::{Error, Result};
 use crate::format::ModuleKind;
+use crate::manifest::Manifest;
 use crate::numerics::OutDtype;
 use crate::quantizer::{Progress, Quantizer};
 use crate::recipe::Recipe;

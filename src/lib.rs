@@ -14,6 +14,7 @@ pub mod gate;
 mod hashing;
 pub mod inspect;
 mod links;
+pub mod manifest;
 pub mod models;
 pub mod numerics;
 mod quantizer;
@@ -28,5 +29,7 @@ pub mod wer;
 
 pub use error::{Error, Result};
 pub use hashing::sha256_file;
-pub use quantizer::{convert, layout_of, Outcome, Progress, Quantizer, Stage};
+pub use manifest::{Manifest, Utterance};
+pub use models::registry::layout_of;
+pub use quantizer::{convert, Outcome, Progress, Quantizer, Stage};
 pub use recipe::Recipe;

@@ -44,6 +44,7 @@ pub fn arm(layout: &QuantizationLayout, layers: &mut BTreeMap<String, LayerSpec>
                 producer: chain.producer.clone(),
                 consumer: chain.consumer.clone(),
                 dtype: c.scheme.dtype(),
+                activation: chain.activation,
             });
         }
     }

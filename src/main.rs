@@ -7,8 +7,8 @@ use std::process::ExitCode;
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
-use oasr_quantize::calibration::Manifest;
 use oasr_quantize::format::ModuleKind;
+use oasr_quantize::Manifest;
 use oasr_quantize::{Progress, Quantizer, Recipe, Stage};
 
 /// Turns full-precision ASR checkpoints into serving-ready W8A8 checkpoints for OASR.

@@ -9,22 +9,23 @@ use crate::algorithms::static_inputs::{self, StaticInput, StaticInputOptions};
 use crate::algorithms::{self, rtn, smoothquant, WorkingTensors};
 use crate::calibration::{
     self, AbsHistogram, AbsMaxObserver, BothObservers, CalibrationSet, DecoderPass,
-    HistogramObserver, HistogramTarget, Manifest, Observed,
+    HistogramObserver, HistogramTarget, Observed,
 };
 use crate::checkpoint::{
     self, Checkpoint, DType, NativeConfig, StagedDir, Tensor, TensorPlan, CONFIG_FILE, REPORT_FILE,
 };
 use crate::error::{Error, Result};
 use crate::format::{
-    AlgorithmRecord, LayerSpec, ModuleKind, ProducerRecord, QuantDtype, QuantizationSpec,
-    SmoothFold, SourceRecord,
+    AlgorithmRecord, CalibrationRecord, LayerSpec, ModuleKind, ProducerRecord, QuantDtype,
+    QuantizationSpec, SmoothFold, SourceRecord,
 };
-use crate::models::whisper::FullPrecision;
-use crate::models::{self, QuantizableLayer, QuantizationLayout};
+use crate::manifest::Manifest;
+use crate::models::exec::FullPrecision;
+use crate::models::registry::layout_of;
+use crate::models::{QuantizableLayer, QuantizationLayout, SpeechModel};
 use crate::recipe::{AlgorithmStep, Recipe};
 use crate::report::{LayerReport, QuantizationReport};
 use crate::selection;
-use crate::transcribe::Transcriber;
 
 /// A step of a run, for progress display.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -297,10 +298,19 @@ impl Quantizer {
         Ok((recipe, plan))
     }
 
-    /// Runs the recipe and writes the output atomically.
+    /// Runs the recipe and writes the output atomically: plan, calibrate, write.
     pub fn run(mut self) -> Result<Outcome> {
-        let (recipe, run_plan) = self.resolve()?;
+        let (recipe, options) = self.resolve()?;
+        // Before any work, so that a bad destination is refused first.
         let staged = StagedDir::create(&self.dst, self.overwrite, &[&self.src])?;
+        let plan = self.plan(recipe, options)?;
+        let calibrated = self.calibrate(&plan)?;
+        self.write(&plan, calibrated, staged)
+    }
+
+    /// Opens the source and decides what the run quantizes: the layers, and those that get a
+    /// static input scale.
+    fn plan(&mut self, recipe: Recipe, run_plan: RunPlan) -> Result<Planned> {
         let source = Checkpoint::open(&self.src)?;
         if source.is_quantized() {
             return Err(Error::UnknownFormat { path: self.src.clone(), message: "the checkpoint is already quantized (format_version 2); quantize a full-precision one".into() });
@@ -344,18 +354,47 @@ impl Quantizer {
             }
         }
         let source_files = hash_files(&source, &mut self.progress)?;
-        let mut files_read = source.files_read.clone();
+        let files_read = source.files_read.clone();
 
-        // Calibration: smoothing from pass 1, static input scales from pass 2.
-        let mut working = WorkingTensors::new(&source);
+        Ok(Planned {
+            recipe,
+            options: run_plan,
+            source,
+            layout,
+            selection,
+            quantized,
+            static_layers,
+            chain_consumers,
+            source_files,
+            files_read,
+        })
+    }
+
+    /// Runs the calibration passes the recipe needs: SmoothQuant's statistics and folds from the
+    /// first, the static input scales from the second (or from the first when smoothing does not
+    /// change their inputs). Without a calibration manifest, nothing runs.
+    fn calibrate<'p>(&mut self, plan: &'p Planned) -> Result<Calibrated<'p>> {
+        let Planned {
+            recipe,
+            options: run_plan,
+            source,
+            layout,
+            quantized,
+            static_layers,
+            chain_consumers,
+            ..
+        } = plan;
+        let dtype = recipe.scheme.dtype();
+        let mut files_read = Vec::new();
+        let mut working = WorkingTensors::new(source);
         let mut smoothing = Smoothing::default();
         let mut statics: BTreeMap<String, StaticInput> = BTreeMap::new();
         let mut declined: BTreeMap<String, StaticInput> = BTreeMap::new();
         let mut calibration_record = None;
         if let Some(manifest_path) = &self.calib_manifest {
             let manifest = Manifest::read(manifest_path, self.audio_root.as_deref())?;
-            let t = Transcriber::new(&source)?;
-            let set = CalibrationSet::select(&manifest, self.calib_utterances, t.sample_rate)?;
+            let t = crate::models::load(source)?;
+            let set = CalibrationSet::select(&manifest, self.calib_utterances, t.sample_rate())?;
             files_read.push(manifest_path.clone());
             files_read.extend(set.utterances.iter().map(|u| u.audio.clone()));
             // Each static layer: the smoother its input is multiplied by, the weights of its
@@ -383,7 +422,7 @@ impl Quantizer {
             // full-precision one (the folds upstream preserve the function), so one pass
             // observes both what smoothing and what the static scales need.
             let smoothed_consumers = match run_plan.alpha {
-                Some(_) => smoothquant::smoothed_consumers(&layout, &quantized, run_plan.smoothing),
+                Some(_) => smoothquant::smoothed_consumers(layout, quantized, run_plan.smoothing),
                 None => HashSet::new(),
             };
             let one_pass = run_plan.alpha.is_some()
@@ -403,7 +442,7 @@ impl Quantizer {
                     calibration_pass(
                         &mut self.progress,
                         Stage::Calibrating,
-                        &t,
+                        t.as_ref(),
                         &set,
                         DecoderPass::Decode,
                         || FullPrecision,
@@ -428,8 +467,8 @@ impl Quantizer {
                     }
                 };
                 let groups = smoothquant::plan_with(
-                    &layout,
-                    &quantized,
+                    layout,
+                    quantized,
                     &observed,
                     &working,
                     alpha_of,
@@ -447,12 +486,12 @@ impl Quantizer {
                 // Pass 2 runs the smoothed model, so each histogram is of the input the layer's
                 // static quantize will see.
                 let smoothed;
-                let model = if smoothing.groups.is_empty() {
-                    &t
+                let model: &dyn SpeechModel = if smoothing.groups.is_empty() {
+                    t.as_ref()
                 } else {
                     smoothed =
-                        Transcriber::new(&smoothed_checkpoint(&source, &working, &quantized))?;
-                    &smoothed
+                        crate::models::load(&smoothed_checkpoint(source, &working, quantized))?;
+                    smoothed.as_ref()
                 };
                 let smooth_inv = &smoothing.smooth_inv;
                 // Pass 2 runs the decoder only when it observes a layer there, and then scores
@@ -479,7 +518,7 @@ impl Quantizer {
             }
             if let Some(observed) = histograms {
                 let empty = AbsHistogram::default();
-                for (layer, o) in &static_layers {
+                for (layer, o) in static_layers {
                     let hist = observed.histograms.get(layer).unwrap_or(&empty);
                     let s = static_inputs::static_input(layer, hist, o, dtype)?;
                     // A consumer whose static quantize would cost too much more than its
@@ -498,6 +537,45 @@ impl Quantizer {
             calibration_record = Some(set.record);
         }
 
+        Ok(Calibrated {
+            working,
+            smoothing,
+            statics,
+            declined,
+            record: calibration_record,
+            files_read,
+        })
+    }
+
+    /// Quantizes every selected weight while streaming `model.safetensors` into the staging
+    /// directory, then writes the config, tokenizer and report, and renames the directory into
+    /// place.
+    fn write(
+        &mut self,
+        plan: &Planned,
+        calibrated: Calibrated<'_>,
+        staged: StagedDir,
+    ) -> Result<Outcome> {
+        let Planned {
+            recipe,
+            source,
+            layout,
+            selection,
+            source_files,
+            files_read,
+            ..
+        } = plan;
+        let Calibrated {
+            working,
+            smoothing,
+            statics,
+            declined,
+            record: calibration_record,
+            files_read: calibration_files,
+        } = calibrated;
+        let mut files_read = files_read.clone();
+        files_read.extend(calibration_files);
+        let dtype = recipe.scheme.dtype();
         let mut layers = BTreeMap::new();
         for layer in &selection.selected {
             let (smooth, smoothed_into) = smoothing
@@ -525,7 +603,7 @@ impl Quantizer {
                 },
             );
         }
-        let links = crate::links::arm(&layout, &mut layers);
+        let links = crate::links::arm(layout, &mut layers);
 
         let selected: HashMap<String, &QuantizableLayer> = selection
             .selected
@@ -657,7 +735,7 @@ impl Quantizer {
                 calibration: calibration_record,
                 source: SourceRecord {
                     format: source.format.name().into(),
-                    files: source_files,
+                    files: source_files.clone(),
                 },
                 skipped: selection.skipped.clone(),
                 fingerprint,
@@ -670,12 +748,12 @@ impl Quantizer {
         let mut config = source.config.clone();
         config.format_version = 2;
         config.quantization = Some(spec);
-        write_config_and_tokenizer(staged.path(), &source, config)?;
+        write_config_and_tokenizer(staged.path(), source, config)?;
         let report = QuantizationReport {
             recipe: recipe.name.clone(),
             source_format: source.format.name().into(),
             layers: reports,
-            skipped: selection.skipped,
+            skipped: selection.skipped.clone(),
             kept_full_precision: layout.kept_full_precision.iter().cloned().collect(),
         };
         checkpoint::write_json(&staged.path().join(REPORT_FILE), &report)?;
@@ -693,7 +771,7 @@ impl Quantizer {
 fn calibration_pass<O, E>(
     progress: &mut Option<ProgressFn>,
     stage: Stage,
-    t: &Transcriber,
+    t: &dyn SpeechModel,
     set: &CalibrationSet,
     decoder: DecoderPass<'_>,
     exec: impl Fn() -> E + Sync,
@@ -701,7 +779,7 @@ fn calibration_pass<O, E>(
 ) -> Result<Observed<O>>
 where
     O: calibration::Observer,
-    E: crate::models::whisper::LinearExec,
+    E: crate::models::exec::LinearExec,
 {
     let total = set.utterances.len() as u64;
     let sink = Mutex::new(progress);
@@ -779,6 +857,36 @@ fn smoothing_rules(step: &AlgorithmStep) -> Result<smoothquant::SmoothingRules> 
         }
     }
     Ok(rules)
+}
+
+/// What a run decided before calibrating: the recipe, the source and what it quantizes.
+struct Planned {
+    recipe: Recipe,
+    options: RunPlan,
+    source: Checkpoint,
+    layout: QuantizationLayout,
+    selection: selection::Selection,
+    quantized: HashSet<String>,
+    /// The layers that get a static input scale, with their observer options.
+    static_layers: BTreeMap<String, StaticInputOptions>,
+    /// GEMM-chain consumers among them (their error is measured against per-token input).
+    chain_consumers: HashSet<String>,
+    /// sha256 of every source file, by relative path.
+    source_files: BTreeMap<String, String>,
+    /// The source's files.
+    files_read: Vec<PathBuf>,
+}
+
+/// What calibration produced: the f32 tensors the folds changed, the smoothing, and the static
+/// input scales kept and declined.
+struct Calibrated<'a> {
+    working: WorkingTensors<'a>,
+    smoothing: Smoothing,
+    statics: BTreeMap<String, StaticInput>,
+    declined: BTreeMap<String, StaticInput>,
+    record: Option<CalibrationRecord>,
+    /// The calibration manifest and the audio it selected.
+    files_read: Vec<PathBuf>,
 }
 
 /// What the recipe's algorithms need, parsed and validated before any work.
@@ -888,26 +996,6 @@ fn write_config_and_tokenizer(
         tokenizer.files = copied;
     }
     checkpoint::write_json(&dir.join(CONFIG_FILE), &config)
-}
-
-/// The architecture's quantization layout.
-pub fn layout_of(source: &Checkpoint) -> Result<QuantizationLayout> {
-    match source.config.architecture.as_str() {
-        models::whisper::ARCHITECTURE => {
-            let config: models::whisper::WhisperConfig =
-                serde_json::from_value(source.config.model_config.clone()).map_err(|e| {
-                    Error::corrupt(
-                        source.dir.join(CONFIG_FILE),
-                        format!("invalid Whisper model_config: {e}"),
-                    )
-                })?;
-            Ok(models::whisper::quantization_layout(&config))
-        }
-        other => Err(Error::NotImplemented {
-            what: format!("architecture `{other}`"),
-            detail: "this version quantizes Whisper".into(),
-        }),
-    }
 }
 
 /// sha256 of every source file, keyed by its path relative to the source directory.

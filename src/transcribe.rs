@@ -1,136 +1,15 @@
-//! Transcribing audio with a full-precision Whisper checkpoint: the frontend, the forward and
-//! greedy decoding together, plus the manifest-level run behind `oasr-quantize transcribe`.
+//! Transcribing audio with a full-precision checkpoint: the manifest-level run behind
+//! `oasr-quantize transcribe`, through the architecture's model ([`crate::models::SpeechModel`]).
 
 use std::path::Path;
 
 use serde::Serialize;
 
-use crate::calibration::{Manifest, Utterance};
 use crate::checkpoint::Checkpoint;
-use crate::error::{shown, Error, Result};
-use crate::frontend::{read_audio, whisper_logmel::N_SAMPLES, WhisperFrontend};
-use crate::models::whisper::{
-    decode_with_fallback, token_limit, Decoded, DecodingRules, Fallback, FullPrecision, LinearExec,
-    Whisper, WhisperTokenizer,
-};
+use crate::error::{Error, Result};
+use crate::manifest::{Manifest, Utterance};
+use crate::models::exec::FullPrecision;
 use crate::wer::{word_errors, WordErrors};
-
-/// A Whisper model with its tokenizer, decoding rules and frontend.
-pub struct Transcriber {
-    pub model: Whisper,
-    pub tokenizer: WhisperTokenizer,
-    pub rules: DecodingRules,
-    pub frontend: WhisperFrontend,
-    pub sample_rate: u32,
-    /// The decoding safeguards (temperature fallback); [`Fallback::default`] as Whisper's own.
-    pub fallback: Fallback,
-}
-
-impl Transcriber {
-    /// Builds a transcriber from a full-precision checkpoint (any supported format).
-    pub fn new(ckpt: &Checkpoint) -> Result<Self> {
-        if ckpt.config.architecture != crate::models::whisper::ARCHITECTURE {
-            return Err(Error::NotImplemented {
-                what: format!("transcribing architecture `{}`", ckpt.config.architecture),
-                detail: "this version runs Whisper".into(),
-            });
-        }
-        if ckpt.is_quantized() {
-            return Err(Error::UnknownFormat { path: ckpt.dir.clone(), message: "a quantized checkpoint runs only in `oasr-quantize verify`; transcribe takes full precision".into() });
-        }
-        let tokenizer_path = ckpt
-            .tokenizer_files
-            .get("tokenizer")
-            .ok_or_else(|| Error::corrupt(&ckpt.dir, "no tokenizer.json"))?;
-        let tokenizer = WhisperTokenizer::from_file(tokenizer_path)?;
-        let model = Whisper::load(ckpt)?;
-        let rules = DecodingRules::new(&model, &tokenizer)?;
-        let frontend = WhisperFrontend::new(model.config.num_mel_bins)?;
-        let sample_rate = ckpt
-            .config
-            .features
-            .as_ref()
-            .map_or(16_000, |f| f.sample_rate);
-        Ok(Transcriber {
-            model,
-            tokenizer,
-            rules,
-            frontend,
-            sample_rate,
-            fallback: Fallback::default(),
-        })
-    }
-
-    /// Reads an utterance's audio; errors name the utterance. Audio longer than Whisper's 30 s
-    /// window is refused by name: this version does not decode long-form audio window by window,
-    /// and truncating it would drop speech silently.
-    pub fn read(&self, utterance: &Utterance) -> Result<Vec<f32>> {
-        let in_utterance = |e: Error| Error::Utterance {
-            id: utterance.id.clone(),
-            error: Box::new(e),
-        };
-        let samples = read_audio(&utterance.audio, self.sample_rate).map_err(in_utterance)?;
-        if samples.len() > N_SAMPLES {
-            return Err(in_utterance(Error::NotImplemented {
-                what: format!(
-                    "audio longer than Whisper's 30 s window ({}: {:.2} s)",
-                    shown(&utterance.audio),
-                    samples.len() as f64 / f64::from(self.sample_rate)
-                ),
-                detail: "long-form transcription (sequential 30 s windows) is not supported; \
-                         split the file into clips of at most 30 s"
-                    .into(),
-            }));
-        }
-        Ok(samples)
-    }
-
-    /// The encoder output for 16 kHz samples, from the 30 s log-mel the model was trained on.
-    pub fn encode(
-        &self,
-        exec: &mut dyn LinearExec,
-        samples: &[f32],
-    ) -> Result<candle_core::Tensor> {
-        let mel = self.frontend.log_mel(samples);
-        self.model.encode(exec, &mel.data, mel.n_mels, mel.frames)
-    }
-
-    /// Transcription of 16 kHz samples with Whisper's safeguards: greedy, with temperature
-    /// fallback, up to [`token_limit`] tokens for the audio's length.
-    pub fn decode(
-        &self,
-        exec: &mut dyn LinearExec,
-        samples: &[f32],
-        keep_logits: bool,
-    ) -> Result<Decoded> {
-        let audio = self.encode(exec, samples)?;
-        self.decode_encoded(exec, &audio, samples.len(), keep_logits)
-    }
-
-    /// [`Self::decode`] over an encoder output of `samples` audio samples.
-    pub fn decode_encoded(
-        &self,
-        exec: &mut dyn LinearExec,
-        audio: &candle_core::Tensor,
-        samples: usize,
-        keep_logits: bool,
-    ) -> Result<Decoded> {
-        decode_with_fallback(
-            &self.model,
-            exec,
-            audio,
-            &self.rules,
-            &self.tokenizer,
-            &self.fallback,
-            token_limit(samples, self.sample_rate),
-            keep_logits,
-        )
-    }
-
-    pub fn text(&self, tokens: &[u32]) -> Result<String> {
-        self.tokenizer.decode(tokens)
-    }
-}
 
 /// One transcribed utterance.
 #[derive(Clone, Debug, Serialize)]
@@ -191,7 +70,7 @@ pub fn transcribe_manifest(
 ) -> Result<TranscriptionReport> {
     check_limit(limit)?;
     let ckpt = Checkpoint::open(checkpoint)?;
-    let t = Transcriber::new(&ckpt)?;
+    let t = crate::models::load(&ckpt)?;
     let started = std::time::Instant::now();
     let chosen: Vec<&Utterance> = manifest
         .utterances
@@ -203,12 +82,12 @@ pub fn transcribe_manifest(
     let mut by_source = std::collections::BTreeMap::new();
     for (i, u) in chosen.iter().enumerate() {
         let samples = t.read(u)?;
-        let decoded =
-            t.decode(&mut FullPrecision, &samples, false)
-                .map_err(|e| Error::Utterance {
-                    id: u.id.clone(),
-                    error: Box::new(e),
-                })?;
+        let decoded = t
+            .transcribe(&mut FullPrecision, &samples, false)
+            .map_err(|e| Error::Utterance {
+                id: u.id.clone(),
+                error: Box::new(e),
+            })?;
         let hypothesis = t.text(&decoded.tokens)?;
         let errors = u.text.as_deref().map(|r| word_errors(r, &hypothesis));
         if let Some(e) = errors {

@@ -6,11 +6,15 @@ mod common;
 use std::collections::{BTreeMap, HashSet};
 
 use oasr_quantize::algorithms::{smoothquant, WorkingTensors};
-use oasr_quantize::calibration::{self, AbsMaxObserver, CalibrationSet, Manifest};
+use oasr_quantize::calibration::{self, AbsMaxObserver, CalibrationSet};
 use oasr_quantize::checkpoint::{Checkpoint, DType, Tensor};
 use oasr_quantize::format::SmoothFold;
-use oasr_quantize::models::whisper::{teacher_forced, FullPrecision, LinearExec};
-use oasr_quantize::transcribe::{transcribe_manifest, Transcriber};
+use oasr_quantize::models::exec::{FullPrecision, LinearExec};
+use oasr_quantize::models::whisper::teacher_forced;
+use oasr_quantize::models::whisper::WhisperAsr;
+use oasr_quantize::models::SpeechModel;
+use oasr_quantize::transcribe::transcribe_manifest;
+use oasr_quantize::Manifest;
 use oasr_quantize::{Error, Quantizer};
 
 #[test]
@@ -37,7 +41,7 @@ fn tiny_en_transcribes_real_speech_sensibly() {
 fn the_smoothed_full_precision_model_computes_the_same_function() {
     let (calib, gate) = common::manifests();
     let source = Checkpoint::open(&common::tiny_en()).unwrap();
-    let t = Transcriber::new(&source).unwrap();
+    let t = WhisperAsr::new(&source).unwrap();
     let set = CalibrationSet::select(&Manifest::read(&calib, None).unwrap(), 6, 16000).unwrap();
     let observed: AbsMaxObserver =
         calibration::observe(&t, &set, || FullPrecision, |_, _, _| {}).unwrap();
@@ -73,16 +77,16 @@ fn the_smoothed_full_precision_model_computes_the_same_function() {
             .tensors
             .insert(name.to_string(), Tensor::from_f32(shape, values));
     }
-    let ts = Transcriber::new(&smoothed).unwrap();
+    let ts = WhisperAsr::new(&smoothed).unwrap();
     let manifest = Manifest::read(&gate, None).unwrap();
     let (mut worst_diff, mut worst_cos) = (0f32, 1f64);
     for u in manifest.utterances.iter().step_by(40).take(5) {
         let samples = t.read(u).unwrap();
-        let a = t.decode(&mut FullPrecision, &samples, false).unwrap();
+        let a = t.transcribe(&mut FullPrecision, &samples, false).unwrap();
         let mut exec = smoothquant::RuntimeSmoothedExec {
             smooth_inv: &smooth_inv,
         };
-        let b = ts.decode(&mut exec, &samples, false).unwrap();
+        let b = ts.transcribe(&mut exec, &samples, false).unwrap();
         assert_eq!(
             a.tokens,
             b.tokens,

@@ -22,11 +22,11 @@ mod cuda_common;
 use std::path::Path;
 
 use cuda_common::{gpu_required, visible};
-use oasr_quantize::calibration::Manifest;
 use oasr_quantize::numerics::OutDtype;
 use oasr_quantize::runtime::{CudaLane, KernelCache};
 use oasr_quantize::verify::cuda::CudaModel;
 use oasr_quantize::verify::{verify_on, QuantizedModel, VerifyDevice, VerifyReport};
+use oasr_quantize::Manifest;
 use oasr_quantize::Quantizer;
 
 /// Gate utterances compared logit by logit, and verified by both lanes.
@@ -97,14 +97,14 @@ fn compare_logits(
     let manifest = Manifest::read(&gate, None).unwrap();
     let mut worst = 0f64;
     for u in manifest.utterances.iter().take(utterances) {
-        let samples = q.transcriber.read(u).unwrap();
+        let samples = q.model.read(u).unwrap();
         let cpu = q
-            .transcriber
-            .decode(&mut q.exec(served), &samples, true)
+            .model
+            .transcribe(&mut q.exec(served), &samples, true)
             .unwrap();
         let cuda = q
-            .transcriber
-            .decode(&mut gpu.exec(q, served), &samples, true)
+            .model
+            .transcribe(&mut gpu.exec(q, served), &samples, true)
             .unwrap();
         let tokens = &cpu.tokens;
         let cpu_tf = q
@@ -117,7 +117,7 @@ fn compare_logits(
         assert!(
             cuda_tf
                 .iter()
-                .chain(&cuda.step_logits)
+                .chain(&cuda.scores)
                 .flatten()
                 .all(|v| v.is_finite()),
             "{}: non-finite CUDA logits",
@@ -134,7 +134,7 @@ fn compare_logits(
         if exact {
             assert_eq!(cuda.tokens, cpu.tokens, "{}: greedy tokens", u.id);
             assert!(
-                bits(&cuda.step_logits) == bits(&cpu.step_logits),
+                bits(&cuda.scores) == bits(&cpu.scores),
                 "{}: free-running logits differ",
                 u.id
             );

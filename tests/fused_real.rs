@@ -7,13 +7,13 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use candle_core::Tensor as CandleTensor;
-use oasr_quantize::calibration::Manifest;
 use oasr_quantize::checkpoint::{Checkpoint, DType};
 use oasr_quantize::format::{ModuleKind, QuantizationSpec, Scheme, SmoothFold};
-use oasr_quantize::models::whisper::{Linear, LinearExec};
+use oasr_quantize::models::exec::{Linear, LinearExec};
 use oasr_quantize::numerics::{self, ActScale, Activation, GemmEpilogue, OutDtype, QuantDtype};
 use oasr_quantize::report::QuantizationReport;
 use oasr_quantize::verify::{verify, QuantizedModel};
+use oasr_quantize::Manifest;
 use oasr_quantize::{Error, Quantizer};
 
 /// Static scales are only as good as the audio they were calibrated on; a handful of utterances
@@ -188,12 +188,13 @@ impl<E: LinearExec> LinearExec for Recorder<E> {
         Ok(y)
     }
 
-    fn linear_gelu(
+    fn linear_act(
         &mut self,
         layer: &Linear,
         x: &CandleTensor,
+        activation: Activation,
     ) -> oasr_quantize::Result<CandleTensor> {
-        let y = self.inner.linear_gelu(layer, x)?;
+        let y = self.inner.linear_act(layer, x, activation)?;
         self.keep(&layer.name, x, &y);
         Ok(y)
     }
@@ -239,9 +240,9 @@ fn check_links_are_bit_identical(dst: &Path, spec: &QuantizationSpec, dtype: Qua
         inputs: BTreeMap::new(),
         outputs: BTreeMap::new(),
     };
-    let t = &model.transcriber;
+    let t = &model.model;
     let samples = t.read(&manifest.utterances[0]).unwrap();
-    t.decode(&mut rec, &samples, false).unwrap();
+    t.transcribe(&mut rec, &samples, false).unwrap();
 
     for chain in &spec.links.gemm_chains {
         let (p, c) = (

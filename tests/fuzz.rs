@@ -20,11 +20,11 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-use oasr_quantize::calibration::Manifest;
 use oasr_quantize::checkpoint::{ct2, safetensors_io, Checkpoint, NativeConfig};
 use oasr_quantize::frontend::decode_audio;
 use oasr_quantize::models::whisper::decoding::WhisperTokenizer;
 use oasr_quantize::verify::QuantizedModel;
+use oasr_quantize::Manifest;
 use oasr_quantize::{Quantizer, Recipe};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngSeed};

@@ -1,6 +1,7 @@
 //! Manifest parsing and the calibration selection rule.
 
-use oasr_quantize::calibration::{CalibrationSet, Manifest};
+use oasr_quantize::calibration::CalibrationSet;
+use oasr_quantize::Manifest;
 
 fn setup(lines: &str, files: &[&str]) -> (tempfile::TempDir, std::path::PathBuf) {
     let tmp = tempfile::tempdir().unwrap();

@@ -3,11 +3,11 @@
 
 mod common;
 
-use oasr_quantize::calibration::Manifest;
 use oasr_quantize::checkpoint::{read_smoothing_factors, SMOOTHING_FACTORS_FILE};
 use oasr_quantize::format::SmoothFold;
 use oasr_quantize::report::QuantizationReport;
 use oasr_quantize::verify::{verify_with, VerifyOptions};
+use oasr_quantize::Manifest;
 use oasr_quantize::{Error, Quantizer};
 
 /// The first gate utterances with a `source` each, so the per-source breakdown is exercised.

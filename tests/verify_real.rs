@@ -2,9 +2,9 @@
 
 mod common;
 
-use oasr_quantize::calibration::Manifest;
 use oasr_quantize::numerics::OutDtype;
 use oasr_quantize::verify::verify;
+use oasr_quantize::Manifest;
 use oasr_quantize::Quantizer;
 
 #[test]

@@ -26,7 +26,7 @@ fn quantize(
 #[test]
 fn ctranslate2_import_splits_fused_projections_and_maps_names() {
     let ckpt = Checkpoint::open(&common::tiny_en()).unwrap();
-    assert_eq!(ckpt.format, SourceFormat::Ct2Whisper);
+    assert_eq!(ckpt.format, SourceFormat::Import("ctranslate2_whisper"));
     let raw = oasr_quantize::checkpoint::ct2::read(&common::tiny_en().join("model.bin")).unwrap();
     assert_eq!(raw.variables.len(), 148);
     assert_eq!(raw.aliases.len(), 1);
@@ -292,7 +292,7 @@ fn hugging_face_import_matches_the_ctranslate2_import() {
     write_hf_copy(&hf);
     let a = Checkpoint::open(&hf).unwrap();
     let b = Checkpoint::open(&common::tiny_en()).unwrap();
-    assert_eq!(a.format, SourceFormat::HfWhisper);
+    assert_eq!(a.format, SourceFormat::Import("hf_whisper"));
     assert_eq!(
         a.tensors.keys().collect::<Vec<_>>(),
         b.tensors.keys().collect::<Vec<_>>()

@@ -8,7 +8,7 @@ use super::WorkingTensors;
 use crate::calibration::AbsMaxObserver;
 use crate::error::{Error, Result};
 use crate::format::SmoothFold;
-use crate::models::whisper::forward::{ce, Linear, LinearExec};
+use crate::models::exec::{ce, Linear, LinearExec};
 use crate::models::QuantizationLayout;
 
 /// The largest finite f16.

@@ -371,6 +371,7 @@ mod tests {
                 .map(|(p, decode_step)| GemmChainLayout {
                     producer: format!("{p}.fc1"),
                     consumer: format!("{p}.fc2"),
+                    activation: crate::numerics::Activation::Gelu,
                     decode_step: *decode_step,
                 })
                 .collect(),

@@ -1,7 +1,6 @@
-//! Calibration: manifests, the selection of utterances, observers, and the calibration loop.
+//! Calibration: the selection of utterances, observers, and the calibration loop.
 
 mod histogram;
-mod manifest;
 mod observer;
 mod run;
 
@@ -9,6 +8,5 @@ pub use histogram::{
     channel_weights, AbsHistogram, ClipObserver, HistogramObserver, HistogramTarget,
     BINS as HISTOGRAM_BINS,
 };
-pub use manifest::{Manifest, Utterance};
 pub use observer::{AbsMaxObserver, BothObservers, Observer, ObservingExec};
 pub use run::{observe, observe_with, CalibrationSet, DecoderPass, Observed, DEFAULT_UTTERANCES};

@@ -6,7 +6,8 @@ use std::collections::BTreeMap;
 use candle_core::Tensor;
 
 use crate::error::Result;
-use crate::models::whisper::forward::{ce, to_vec, Linear, LinearExec};
+use crate::models::exec::{ce, to_vec, Linear, LinearExec};
+use crate::numerics::Activation;
 
 /// Something that records statistics of the inputs of named GEMMs.
 pub trait Observer: Send {
@@ -109,8 +110,8 @@ impl<O: Observer, E: LinearExec> LinearExec for ObservingExec<'_, O, E> {
         self.inner.linear(layer, x)
     }
 
-    fn linear_gelu(&mut self, layer: &Linear, x: &Tensor) -> Result<Tensor> {
+    fn linear_act(&mut self, layer: &Linear, x: &Tensor, activation: Activation) -> Result<Tensor> {
         self.show(layer, x)?;
-        self.inner.linear_gelu(layer, x)
+        self.inner.linear_act(layer, x, activation)
     }
 }

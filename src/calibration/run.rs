@@ -1,17 +1,18 @@
 //! The calibration set (a documented, recorded selection of a manifest) and the calibration loop:
 //! one utterance at a time (never padded into a batch) through the model's own frontend in fp32,
-//! the encoder, then the decoder scoring the model's own transcript (decoded with Whisper's
-//! safeguards), with an observer on every GEMM input.
+//! the encoder, then the decoder scoring the model's own transcript (decoded with the model's
+//! own search and safeguards, [`SpeechModel::decode`]), with an observer on every GEMM input.
 
 use std::sync::Mutex;
 
 use rayon::prelude::*;
 
-use super::{Manifest, Observer, ObservingExec, Utterance};
+use super::{Observer, ObservingExec};
 use crate::error::{Error, Result};
 use crate::format::CalibrationRecord;
-use crate::models::whisper::{teacher_forced, LinearExec};
-use crate::transcribe::Transcriber;
+use crate::manifest::{Manifest, Utterance};
+use crate::models::exec::LinearExec;
+use crate::models::SpeechModel;
 
 /// The default number of calibration utterances.
 pub const DEFAULT_UTTERANCES: usize = 128;
@@ -89,7 +90,7 @@ pub struct Observed<O> {
 /// smoothed model for a second pass). `progress(done, total, id)` is called after each utterance,
 /// from whichever thread finished it.
 pub fn observe<O, E>(
-    t: &Transcriber,
+    t: &dyn SpeechModel,
     set: &CalibrationSet,
     exec: impl Fn() -> E + Sync,
     progress: impl Fn(usize, usize, &str) + Sync,
@@ -106,7 +107,7 @@ where
 /// the decoder. The merged result does not depend on the order utterances finish in, as long as
 /// the observer's merge is exact.
 pub fn observe_with<O, E>(
-    t: &Transcriber,
+    t: &dyn SpeechModel,
     set: &CalibrationSet,
     decoder: DecoderPass<'_>,
     exec: impl Fn() -> E + Sync,
@@ -168,7 +169,7 @@ where
 /// decoder scores the kept transcript in one teacher-forced call instead, which shows its GEMMs
 /// the same rows a decoding of it computes: the prompt, then each generated token.
 fn observe_one<O: Observer, E: LinearExec>(
-    t: &Transcriber,
+    t: &dyn SpeechModel,
     u: &Utterance,
     index: usize,
     decoder: DecoderPass<'_>,
@@ -186,12 +187,12 @@ fn observe_one<O: Observer, E: LinearExec>(
         DecoderPass::Skip => Vec::new(),
         DecoderPass::Tokens(all) => {
             let tokens = all[index].clone();
-            teacher_forced(&t.model, &mut observing, &audio, &t.rules, &tokens)?;
+            t.score(&mut observing, &audio, &tokens)?;
             tokens
         }
         DecoderPass::Decode => {
             let mut steps = observer();
-            let decoded = t.decode_encoded(
+            let decoded = t.decode(
                 &mut ObservingExec {
                     observer: &mut steps,
                     inner: exec(),
@@ -203,7 +204,7 @@ fn observe_one<O: Observer, E: LinearExec>(
             if decoded.attempts == 1 {
                 observing.observer.merge(steps);
             } else {
-                teacher_forced(&t.model, &mut observing, &audio, &t.rules, &decoded.tokens)?;
+                t.score(&mut observing, &audio, &decoded.tokens)?;
             }
             decoded.tokens
         }

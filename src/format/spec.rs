@@ -4,6 +4,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{QuantDtype, Scheme, SchemeArgs};
 use crate::error::{Error, Result};
+use crate::numerics::Activation;
 
 /// The kinds of layer a recipe can select.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -118,6 +119,18 @@ pub struct GemmChain {
     pub producer: String,
     pub consumer: String,
     pub dtype: QuantDtype,
+    /// The activation between them, which the producer's epilogue applies before it quantizes.
+    /// Omitted when it is GELU (Whisper's, and every chain written before the field existed).
+    #[serde(default = "gelu", skip_serializing_if = "is_gelu")]
+    pub activation: Activation,
+}
+
+fn gelu() -> Activation {
+    Activation::Gelu
+}
+
+fn is_gelu(a: &Activation) -> bool {
+    *a == Activation::Gelu
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -1,9 +1,16 @@
 //! One folder per architecture: its configuration and its `quantization_layout()`, which is data
 //! only (which GEMMs exist, where smoothing folds, which links may arm).
 
+pub mod exec;
+pub mod registry;
+pub mod speech;
 pub mod whisper;
 
+pub use registry::load;
+pub use speech::{Decoding, SpeechModel};
+
 use crate::format::{ModuleKind, SmoothFold};
+use crate::numerics::Activation;
 
 /// A quantizable layer: a GEMM (linear or pointwise conv) or a convolution.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -34,6 +41,8 @@ pub struct SmoothGroup {
 pub struct GemmChainLayout {
     pub producer: String,
     pub consumer: String,
+    /// The activation between them, applied in the producer's epilogue when the chain is armed.
+    pub activation: Activation,
     /// The chain runs inside an autoregressive decoder's step (a handful of rows per call):
     /// arming it saves one small quantize launch, while a static scale costs the decoder's
     /// logits the most, so `static_inputs` leaves it per-token unless asked

@@ -22,7 +22,7 @@ use cudarc::driver::CudaSlice;
 use super::{QuantizedLayer, QuantizedModel};
 use crate::error::{Error, Result};
 use crate::format::QuantDtype;
-use crate::models::whisper::forward::{ce, gelu, to_vec, Linear, LinearExec};
+use crate::models::exec::{activate, ce, to_vec, Linear, LinearExec};
 use crate::numerics::{self, Activation, OutDtype};
 use crate::runtime::{CudaLane, DeviceActScale, DeviceGemm, DeviceOutput};
 
@@ -32,6 +32,8 @@ struct ChainOutput {
     /// `numerics::static_multipliers(n, consumer smooth_inv, consumer input_scale)`.
     mult: CudaSlice<f32>,
     dtype: QuantDtype,
+    /// The activation the producer's epilogue applies before quantizing (the spec's).
+    activation: Activation,
 }
 
 /// One quantized layer, resident on the GPU.
@@ -126,16 +128,16 @@ fn upload_layer(
             Ok((s, lane.upload(&mult)?))
         })
         .transpose()?;
-    let chain = if q.links.chain_producers.contains(name) {
+    let chain = if q.links.chain_producers.contains_key(name) {
         let consumer = q
             .spec
             .links
             .gemm_chains
             .iter()
             .find(|c| c.producer == name)
-            .map(|c| c.consumer.clone());
-        match consumer.and_then(|c| q.layers.get(&c).map(|cl| (c, cl))) {
-            Some((consumer, cl)) => match cl.input_scale {
+            .map(|c| (c.consumer.clone(), c.activation));
+        match consumer.and_then(|(c, a)| q.layers.get(&c).map(|cl| (c, a, cl))) {
+            Some((consumer, activation, cl)) => match cl.input_scale {
                 Some(scale) => Some(ChainOutput {
                     mult: lane.upload(&numerics::static_multipliers(
                         n,
@@ -143,6 +145,7 @@ fn upload_layer(
                         scale,
                     ))?,
                     dtype: cl.dtype,
+                    activation,
                     consumer,
                 }),
                 // A consumer without a static scale takes the rounded output, as on the CPU.
@@ -292,7 +295,7 @@ impl CudaExec<'_> {
             n: d.n,
             k,
         };
-        if let (Activation::Gelu, Some(chain)) = (activation, &d.chain) {
+        if let Some(chain) = d.chain.as_ref().filter(|c| c.activation == activation) {
             let mut codes = lane.zeros::<u8>(rows * d.n)?;
             lane.launch_scaled_mm(
                 &gemm,
@@ -338,13 +341,14 @@ impl LinearExec for CudaExec<'_> {
         }
     }
 
-    fn linear_gelu(&mut self, layer: &Linear, x: &Tensor) -> Result<Tensor> {
+    fn linear_act(&mut self, layer: &Linear, x: &Tensor, activation: Activation) -> Result<Tensor> {
         match self.model.layers.get(&layer.name) {
-            // The chain's producer emits its consumer's input: GELU belongs to its epilogue.
-            Some(d) if self.q.links.chain_producers.contains(&layer.name) => {
-                self.run(&layer.name, d, x, Activation::Gelu)
+            // The chain's producer emits its consumer's input: the activation belongs to its
+            // epilogue.
+            Some(d) if self.q.links.chain_producer(&layer.name, activation)? => {
+                self.run(&layer.name, d, x, activation)
             }
-            _ => gelu(self.linear(layer, x)?, &layer.name),
+            _ => activate(self.linear(layer, x)?, activation, &layer.name),
         }
     }
 }

@@ -10,7 +10,7 @@
 pub mod cuda;
 pub mod per_layer;
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::Path;
 use std::sync::Mutex;
 
@@ -19,14 +19,13 @@ use rayon::prelude::*;
 use candle_core::{Device, Tensor};
 use serde::Serialize;
 
-use crate::calibration::{Manifest, Utterance};
 use crate::checkpoint::Checkpoint;
 use crate::error::{Error, Result};
 use crate::format::{QuantDtype, QuantizationSpec};
-use crate::models::whisper::forward::{ce, gelu, to_vec, Linear, LinearExec};
-use crate::models::whisper::{teacher_forced, FullPrecision};
+use crate::manifest::{Manifest, Utterance};
+use crate::models::exec::{activate, ce, to_vec, FullPrecision, Linear, LinearExec};
+use crate::models::SpeechModel;
 use crate::numerics::{self, ActScale, Activation, GemmEpilogue, OutDtype};
-use crate::transcribe::Transcriber;
 use crate::wer::{word_errors, WordErrors};
 
 /// One quantized layer as stored in a v2 checkpoint.
@@ -61,8 +60,29 @@ pub struct QuantizedExec<'a> {
 struct LinkRoles {
     /// Consumers of an armed fused norm.
     norm_fed: HashSet<String>,
-    /// Producers of an armed GEMM chain.
-    chain_producers: HashSet<String>,
+    /// Producers of an armed GEMM chain, with the activation their epilogue applies.
+    chain_producers: HashMap<String, Activation>,
+}
+
+impl LinkRoles {
+    /// Whether `layer`'s epilogue applies `activation` and emits its consumer's input (an armed
+    /// chain's producer). A producer whose recorded activation is not the one the forward
+    /// applies after it is refused: the chain would compute another function.
+    fn chain_producer(&self, layer: &str, activation: Activation) -> Result<bool> {
+        match self.chain_producers.get(layer) {
+            None => Ok(false),
+            Some(&recorded) if recorded == activation => Ok(true),
+            Some(recorded) => Err(Error::Model {
+                what: layer.to_string(),
+                message: format!(
+                    "the spec's GEMM chain records the activation `{}` after this layer, but the \
+                     forward applies `{}`",
+                    recorded.name(),
+                    activation.name()
+                ),
+            }),
+        }
+    }
 }
 
 impl QuantizedLayer {
@@ -152,13 +172,14 @@ impl LinearExec for QuantizedExec<'_> {
         }
     }
 
-    fn linear_gelu(&mut self, layer: &Linear, x: &Tensor) -> Result<Tensor> {
+    fn linear_act(&mut self, layer: &Linear, x: &Tensor, activation: Activation) -> Result<Tensor> {
         match self.layers.get(&layer.name) {
-            // The chain's producer emits its consumer's input: GELU belongs to its epilogue.
-            Some(q) if self.links.chain_producers.contains(&layer.name) => {
-                self.run(&layer.name, q, x, Activation::Gelu)
+            // The chain's producer emits its consumer's input: the activation belongs to its
+            // epilogue.
+            Some(q) if self.links.chain_producer(&layer.name, activation)? => {
+                self.run(&layer.name, q, x, activation)
             }
-            _ => gelu(self.linear(layer, x)?, &layer.name),
+            _ => activate(self.linear(layer, x)?, activation, &layer.name),
         }
     }
 }
@@ -166,7 +187,8 @@ impl LinearExec for QuantizedExec<'_> {
 /// A quantized checkpoint made runnable: the f32 model (quantized layers as zero placeholders,
 /// only for their shapes) and the quantized layers.
 pub struct QuantizedModel {
-    pub transcriber: Transcriber,
+    /// The runnable model: quantized layers run through [`QuantizedModel::exec`].
+    pub model: Box<dyn SpeechModel>,
     layers: BTreeMap<String, QuantizedLayer>,
     links: LinkRoles,
     pub spec: QuantizationSpec,
@@ -220,11 +242,11 @@ impl QuantizedModel {
                 .links
                 .gemm_chains
                 .iter()
-                .map(|c| c.producer.clone())
+                .map(|c| (c.producer.clone(), c.activation))
                 .collect(),
         };
         Ok(QuantizedModel {
-            transcriber: Transcriber::new(&runnable)?,
+            model: crate::models::load(&runnable)?,
             layers,
             links,
             spec,
@@ -249,14 +271,8 @@ impl QuantizedModel {
         samples: &[f32],
         tokens: &[u32],
     ) -> Result<Vec<Vec<f32>>> {
-        let audio = self.transcriber.encode(exec, samples)?;
-        teacher_forced(
-            &self.transcriber.model,
-            exec,
-            &audio,
-            &self.transcriber.rules,
-            tokens,
-        )
+        let audio = self.model.encode(exec, samples)?;
+        self.model.score(exec, &audio, tokens)
     }
 }
 
@@ -344,11 +360,11 @@ impl LinearExec for Exec<'_> {
         }
     }
 
-    fn linear_gelu(&mut self, layer: &Linear, x: &Tensor) -> Result<Tensor> {
+    fn linear_act(&mut self, layer: &Linear, x: &Tensor, activation: Activation) -> Result<Tensor> {
         match self {
-            Exec::Cpu(e) => e.linear_gelu(layer, x),
+            Exec::Cpu(e) => e.linear_act(layer, x, activation),
             #[cfg(feature = "cuda")]
-            Exec::Cuda(e) => e.linear_gelu(layer, x),
+            Exec::Cuda(e) => e.linear_act(layer, x, activation),
         }
     }
 }
@@ -633,41 +649,33 @@ struct UtteranceRun {
 /// full-precision tokens.
 fn verify_one(
     q: &QuantizedModel,
-    r: &Transcriber,
+    r: &dyn SpeechModel,
     u: &Utterance,
     lane: &Lane,
     served: OutDtype,
     layers: Option<&per_layer::Plan>,
 ) -> Result<UtteranceRun> {
     let samples = r.read(u)?;
-    let fp = r.decode(&mut FullPrecision, &samples, true)?;
+    let fp = r.transcribe(&mut FullPrecision, &samples, true)?;
     let mut exec = lane.exec(q, served);
-    let audio = q.transcriber.encode(&mut exec, &samples)?;
-    let qd = q
-        .transcriber
-        .decode_encoded(&mut exec, &audio, samples.len(), true)?;
-    let scored = teacher_forced(
-        &q.transcriber.model,
-        &mut exec,
-        &audio,
-        &q.transcriber.rules,
-        &fp.tokens,
-    )?;
+    let audio = q.model.encode(&mut exec, &samples)?;
+    let qd = q.model.decode(&mut exec, &audio, samples.len(), true)?;
+    let scored = q.model.score(&mut exec, &audio, &fp.tokens)?;
     let nonfinite = exec.nonfinite()
-        + qd.step_logits
+        + qd.scores
             .iter()
             .chain(&scored)
             .flatten()
             .filter(|v| !v.is_finite())
             .count();
     let (mut free, mut forced) = (AgreementSum::default(), AgreementSum::default());
-    for (a, b) in fp.step_logits.iter().zip(&qd.step_logits) {
+    for (a, b) in fp.scores.iter().zip(&qd.scores) {
         free.add(a, b);
     }
-    for (a, b) in fp.step_logits.iter().zip(&scored) {
+    for (a, b) in fp.scores.iter().zip(&scored) {
         forced.add(a, b);
     }
-    let (hyp_r, hyp_q) = (r.text(&fp.tokens)?, q.transcriber.text(&qd.tokens)?);
+    let (hyp_r, hyp_q) = (r.text(&fp.tokens)?, q.model.text(&qd.tokens)?);
     let word_errors = u
         .text
         .as_ref()
@@ -782,10 +790,10 @@ pub fn verify_with(
         return Err(no_cuda());
     }
     let q = QuantizedModel::load(quantized)?;
-    let r = Transcriber::new(&Checkpoint::open(reference)?)?;
+    let r = crate::models::load(&Checkpoint::open(reference)?)?;
     // Checked before any work: a checkpoint without its smoothing factors is refused here.
     let plan = with_layers
-        .then(|| per_layer::Plan::new(&q, quantized, &r.model))
+        .then(|| per_layer::Plan::new(&q, quantized, r.as_ref()))
         .transpose()?;
     let lane = Lane::open(device, &q)?;
     let started = std::time::Instant::now();
@@ -800,7 +808,7 @@ pub fn verify_with(
     let runs = chosen
         .par_iter()
         .map(|u| {
-            let run = verify_one(&q, &r, u, &lane, served, plan.as_ref()).map_err(|e| {
+            let run = verify_one(&q, r.as_ref(), u, &lane, served, plan.as_ref()).map_err(|e| {
                 Error::Utterance {
                     id: u.id.clone(),
                     error: Box::new(e),

@@ -27,14 +27,15 @@ use rayon::prelude::*;
 use serde::Serialize;
 
 use super::{cosine, kl, log_softmax, to_f64, QuantizedLayer, QuantizedModel, UNNAMED_SOURCE};
-use crate::calibration::Utterance;
 use crate::checkpoint::{read_smoothing_factors, SMOOTHING_FACTORS_FILE, SMOOTHING_FACTORS_SUFFIX};
 use crate::error::{Error, Result};
 use crate::format::{ModuleKind, Scheme, SmoothFold};
-use crate::models::whisper::forward::{ce, gelu, to_vec, Linear, LinearExec};
-use crate::models::whisper::{teacher_forced_from, Whisper};
+use crate::manifest::Utterance;
+use crate::models::exec::{activate, ce, to_vec, Linear, LinearExec};
+use crate::models::whisper::teacher_forced_from;
+use crate::models::whisper::WhisperAsr;
+use crate::models::SpeechModel;
 use crate::numerics::{self, Activation, OutDtype};
-use crate::transcribe::Transcriber;
 
 /// Whether a fold put a group's 1/s into another module (so the checkpoint's tensors no longer
 /// show s).
@@ -126,10 +127,7 @@ impl Target<'_> {
             }
         }
         let x = Tensor::from_vec(x, (rows, self.k), &Device::Cpu).map_err(ce(&self.name))?;
-        let mut y = self.dequantized.forward(&x)?;
-        if activation == Activation::Gelu {
-            y = gelu(y, &self.name)?;
-        }
+        let y = activate(self.dequantized.forward(&x)?, activation, &self.name)?;
         Ok(self.frame_output(to_vec(&y, &self.name)?))
     }
 
@@ -158,7 +156,12 @@ impl<'a> Plan<'a> {
     /// Matches `q`'s quantized layers (loaded from `dir`) with the reference model's and reads the
     /// smoothing factors. A checkpoint with folded smoothing but without the recorded factors is
     /// refused: its layers' input frames cannot be reconstructed.
-    pub(crate) fn new(q: &'a QuantizedModel, dir: &Path, reference: &Whisper) -> Result<Self> {
+    pub(crate) fn new(
+        q: &'a QuantizedModel,
+        dir: &Path,
+        reference: &dyn SpeechModel,
+    ) -> Result<Self> {
+        let reference = &whisper_of(reference)?.model;
         let spec = &q.spec;
         let path = dir.join(SMOOTHING_FACTORS_FILE);
         let needs_factors = spec.layers.values().any(|l| folded(l.smooth));
@@ -280,7 +283,7 @@ impl<'a> Plan<'a> {
                 smooth: spec_layer.smooth,
                 k,
                 norm_fed: q.links.norm_fed.contains(name),
-                chain_producer: q.links.chain_producers.contains(name),
+                chain_producer: q.links.chain_producers.contains_key(name),
                 input_div,
                 output_mul,
                 dequantized: Linear {
@@ -564,14 +567,14 @@ impl LinearExec for MeasureExec<'_, '_> {
         Ok(y)
     }
 
-    fn linear_gelu(&mut self, layer: &Linear, x: &Tensor) -> Result<Tensor> {
+    fn linear_act(&mut self, layer: &Linear, x: &Tensor, activation: Activation) -> Result<Tensor> {
         match self.plan.target(&layer.name) {
             Some(i) if self.plan.targets[i].chain_producer => {
-                let y = gelu(layer.forward(x)?, &layer.name)?;
-                self.measure(i, x, &y, Activation::Gelu)?;
+                let y = activate(layer.forward(x)?, activation, &layer.name)?;
+                self.measure(i, x, &y, activation)?;
                 Ok(y)
             }
-            _ => gelu(self.linear(layer, x)?, &layer.name),
+            _ => activate(self.linear(layer, x)?, activation, &layer.name),
         }
     }
 }
@@ -593,12 +596,12 @@ impl LinearExec for OneLayerExec<'_, '_> {
         }
     }
 
-    fn linear_gelu(&mut self, layer: &Linear, x: &Tensor) -> Result<Tensor> {
+    fn linear_act(&mut self, layer: &Linear, x: &Tensor, activation: Activation) -> Result<Tensor> {
         if layer.name == self.target.name && self.target.chain_producer {
             self.target
-                .run(x, Activation::Gelu, self.served, &mut self.nonfinite)
+                .run(x, activation, self.served, &mut self.nonfinite)
         } else {
-            gelu(self.linear(layer, x)?, &layer.name)
+            activate(self.linear(layer, x)?, activation, &layer.name)
         }
     }
 }
@@ -612,17 +615,33 @@ pub(crate) struct UtteranceFigures {
     nonfinite: usize,
 }
 
+/// The per-layer breakdown resumes Whisper's forward at an encoder layer or the decoder's start,
+/// so it needs Whisper's internals; another architecture is refused by name.
+fn whisper_of(model: &dyn SpeechModel) -> Result<&WhisperAsr> {
+    model
+        .as_any()
+        .downcast_ref::<WhisperAsr>()
+        .ok_or_else(|| Error::NotImplemented {
+            what: format!(
+                "verify --per-layer for architecture `{}`",
+                model.architecture()
+            ),
+            detail: "the per-layer breakdown is implemented for Whisper".into(),
+        })
+}
+
 /// The per-layer figures of one utterance: `tokens` are the full-precision model's, and
 /// `quantized_logits` the fully quantized checkpoint's teacher-forced logits on them.
 pub(crate) fn run_utterance(
     plan: &Plan,
-    r: &Transcriber,
+    r: &dyn SpeechModel,
     u: &Utterance,
     samples: &[f32],
     tokens: &[u32],
     quantized_logits: &[Vec<f32>],
     served: OutDtype,
 ) -> Result<UtteranceFigures> {
+    let r = whisper_of(r)?;
     let mel = r.frontend.log_mel(samples);
     let mut m = MeasureExec {
         plan,

@@ -5,8 +5,9 @@ use std::path::Path;
 
 use candle_core::Tensor;
 
-use super::forward::{argmax_allowed, logits_rows, DecoderState, LinearExec, Whisper};
+use super::forward::{argmax_allowed, logits_rows, DecoderState, Whisper};
 use crate::error::{Error, Result};
+use crate::models::exec::LinearExec;
 
 /// Whisper's `sample_len`: at most this many generated tokens (n_text_ctx / 2).
 pub const MAX_NEW_TOKENS: usize = 224;

@@ -13,62 +13,11 @@ use candle_core::{DType, Device, IndexOp, Tensor};
 use super::WhisperConfig;
 use crate::checkpoint::Checkpoint;
 use crate::error::{Error, Result};
+use crate::models::exec::{activate, ce, to_vec, Linear, LinearExec};
+use crate::numerics::Activation;
 
 /// LayerNorm epsilon of Whisper.
 const LN_EPS: f32 = 1e-5;
-
-/// Maps a candle error into the crate's error, naming what was being computed.
-pub(crate) fn ce(what: &str) -> impl Fn(candle_core::Error) -> Error + '_ {
-    move |e| Error::Model {
-        what: what.to_string(),
-        message: e.to_string(),
-    }
-}
-
-/// A GEMM layer: `y = x · Wᵀ + b`. Convolutions are stored here flattened to `[out, k · in]`,
-/// matching im2col patches ordered (tap, channel).
-#[derive(Debug, Clone)]
-pub struct Linear {
-    pub name: String,
-    /// `[out, in]` (convolutions: `[out, k · in]`).
-    pub weight: Tensor,
-    pub bias: Option<Tensor>,
-}
-
-impl Linear {
-    /// The full-precision product.
-    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let y = x
-            .matmul(&self.weight.t().map_err(ce(&self.name))?)
-            .map_err(ce(&self.name))?;
-        match &self.bias {
-            Some(b) => y.broadcast_add(b).map_err(ce(&self.name)),
-            None => Ok(y),
-        }
-    }
-}
-
-/// How the forward runs its quantizable GEMMs.
-pub trait LinearExec {
-    /// `x` is `[rows, in]`; returns `[rows, out]`.
-    fn linear(&mut self, layer: &Linear, x: &Tensor) -> Result<Tensor>;
-
-    /// The layer followed by exact-erf GELU (the FFN's fc1). An executor whose GEMM applies the
-    /// activation in its epilogue (a GEMM-chain producer) overrides this.
-    fn linear_gelu(&mut self, layer: &Linear, x: &Tensor) -> Result<Tensor> {
-        gelu(self.linear(layer, x)?, &layer.name)
-    }
-}
-
-/// Plain fp32.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct FullPrecision;
-
-impl LinearExec for FullPrecision {
-    fn linear(&mut self, layer: &Linear, x: &Tensor) -> Result<Tensor> {
-        layer.forward(x)
-    }
-}
 
 #[derive(Debug, Clone)]
 struct Norm {
@@ -220,22 +169,6 @@ fn attention_core(
     merged
 }
 
-/// A tensor's values, row-major.
-pub(crate) fn to_vec(x: &Tensor, what: &str) -> Result<Vec<f32>> {
-    x.flatten_all()
-        .and_then(|f| f.to_vec1::<f32>())
-        .map_err(ce(what))
-}
-
-/// The exact-erf GELU of every element, with the reference numerics' `erf` (vectorised; libm's
-/// scalar `erff` made GELU a tenth of the forward).
-pub(crate) fn gelu(x: Tensor, what: &str) -> Result<Tensor> {
-    let shape = x.shape().clone();
-    let mut values = to_vec(&x, what)?;
-    crate::numerics::gelu_in_place(&mut values);
-    Tensor::from_vec(values, shape, &Device::Cpu).map_err(ce(what))
-}
-
 /// Keys and values of one attention, `[S, D]` row-major.
 #[derive(Debug, Clone, Default)]
 struct KeysValues {
@@ -299,7 +232,7 @@ struct Ffn {
 
 impl Ffn {
     fn forward(&self, exec: &mut dyn LinearExec, x: &Tensor) -> Result<Tensor> {
-        let h = exec.linear_gelu(&self.fc1, &self.norm.forward(x)?)?;
+        let h = exec.linear_act(&self.fc1, &self.norm.forward(x)?, Activation::Gelu)?;
         exec.linear(&self.fc2, &h)
     }
 }
@@ -634,8 +567,16 @@ impl Whisper {
             .and_then(|t| t.t())
             .and_then(|t| t.contiguous())
             .map_err(ce(what))?;
-        let x = gelu(exec.linear(&self.conv1, &im2col3(&x, 1, what)?)?, what)?;
-        let x = gelu(exec.linear(&self.conv2, &im2col3(&x, 2, what)?)?, what)?;
+        let x = activate(
+            exec.linear(&self.conv1, &im2col3(&x, 1, what)?)?,
+            Activation::Gelu,
+            what,
+        )?;
+        let x = activate(
+            exec.linear(&self.conv2, &im2col3(&x, 2, what)?)?,
+            Activation::Gelu,
+            what,
+        )?;
         let len = x.dim(0).map_err(ce(what))?;
         if len > self.config.max_source_positions {
             return Err(Error::Model {

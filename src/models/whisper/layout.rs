@@ -1,6 +1,7 @@
 use super::WhisperConfig;
 use crate::format::{ModuleKind, SmoothFold};
 use crate::models::{GemmChainLayout, QuantizableLayer, QuantizationLayout, SmoothGroup};
+use crate::numerics::Activation;
 
 fn linear(name: String, out_features: usize, in_features: usize) -> QuantizableLayer {
     QuantizableLayer {
@@ -176,6 +177,7 @@ pub fn quantization_layout(c: &WhisperConfig) -> QuantizationLayout {
             l.gemm_chains.push(GemmChainLayout {
                 producer: format!("{p}.fc1"),
                 consumer: format!("{p}.fc2"),
+                activation: Activation::Gelu,
                 decode_step: side == "decoder",
             });
         }

@@ -1,14 +1,18 @@
-//! Importers of Whisper checkpoints (Hugging Face and CTranslate2) into OASR names and config.
+//! Importers of Whisper checkpoints (Hugging Face and CTranslate2) into OASR names and config,
+//! and the checks of a native Whisper checkpoint's config, tokenizer, tensors and spec.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use super::native::{DecodingSpec, FeatureSpec, NativeConfig, TokenizerSpec};
-use super::tensor::{DType, Tensor};
-use super::{ct2, safetensors_io, Checkpoint, SourceFormat};
+use super::{expected_tensors, WhisperConfig, NAME};
+use crate::checkpoint::{
+    ct2, safetensors_io, Checkpoint, DType, DecodingSpec, FeatureSpec, NativeConfig, SourceFormat,
+    Tensor, TokenizerSpec,
+};
 use crate::error::{Error, Result};
 use crate::format::{QuantDtype, QuantizationSpec, SmoothFold};
-use crate::models::whisper::{expected_tensors, WhisperConfig, ARCHITECTURE};
+use crate::models::registry::NativeParts;
+use crate::models::QuantizationLayout;
 
 /// The special tokens Whisper's prompt and decoding need, read from `tokenizer.json`.
 struct SpecialTokens {
@@ -158,7 +162,7 @@ fn whisper_config(
 /// shape the config gives it and a float dtype, except the weights of the quantized layers of
 /// `spec`, whose codes and scales follow docs/format.md (scales finite and positive); and no
 /// other tensor.
-pub(super) fn validate(
+pub(crate) fn validate(
     path: &Path,
     config: &WhisperConfig,
     tensors: &BTreeMap<String, Tensor>,
@@ -275,9 +279,9 @@ pub(super) fn validate(
 }
 
 /// The features Whisper's frontend computes for `mel_bins` bands.
-fn whisper_features(mel_bins: usize) -> FeatureSpec {
+pub(crate) fn whisper_features(mel_bins: usize) -> FeatureSpec {
     FeatureSpec {
-        kind: "whisper_logmel".into(),
+        kind: crate::frontend::WHISPER_LOGMEL.into(),
         sample_rate: crate::frontend::whisper_logmel::SAMPLE_RATE,
         feature_dim: mel_bins as u32,
         frame_length_ms: 25.0,
@@ -296,7 +300,7 @@ fn whisper_features(mel_bins: usize) -> FeatureSpec {
 /// The Whisper `model_config` of a native checkpoint, checked with [`WhisperConfig::check`],
 /// with its `features` (exactly what the Whisper frontend computes, when not null) and its
 /// `decoding` ids (the config's own, inside the vocabulary) checked against it.
-pub(super) fn native_model_config(path: &Path, config: &NativeConfig) -> Result<WhisperConfig> {
+pub(crate) fn native_model_config(path: &Path, config: &NativeConfig) -> Result<WhisperConfig> {
     let model: WhisperConfig =
         serde_json::from_value(config.model_config.clone()).map_err(|e| {
             Error::config_key(
@@ -371,7 +375,7 @@ pub(super) fn native_model_config(path: &Path, config: &NativeConfig) -> Result<
 
 /// A native Whisper checkpoint carries its `tokenizer.json`, whose special tokens are the
 /// config's start and end ids.
-pub(super) fn check_native_tokenizer(
+pub(crate) fn check_native_tokenizer(
     path: &Path,
     config: &NativeConfig,
     model: &WhisperConfig,
@@ -436,7 +440,7 @@ pub(super) fn check_native_tokenizer(
 
 /// The spec's layers, links and smoothing targets name modules of this Whisper model, with the
 /// kinds its layout gives them.
-pub(super) fn validate_spec(
+pub(crate) fn validate_spec(
     path: &Path,
     model: &WhisperConfig,
     spec: &QuantizationSpec,
@@ -509,7 +513,7 @@ pub(super) fn validate_spec(
 fn native_config(config: &WhisperConfig, tokenizer: bool) -> NativeConfig {
     NativeConfig {
         format_version: 1,
-        architecture: ARCHITECTURE.into(),
+        architecture: NAME.into(),
         model_config: serde_json::to_value(config).unwrap_or_default(),
         aux: serde_json::json!({}),
         tokenizer: tokenizer.then(|| TokenizerSpec {
@@ -807,7 +811,7 @@ pub fn import_hf(dir: &Path) -> Result<Checkpoint> {
     finish(
         dir,
         &weights_path,
-        SourceFormat::HfWhisper,
+        SourceFormat::Import(super::HF_WHISPER),
         config,
         tensors,
         files_read,
@@ -1074,9 +1078,69 @@ pub fn import_ct2(dir: &Path) -> Result<Checkpoint> {
     finish(
         dir,
         &bin,
-        SourceFormat::Ct2Whisper,
+        SourceFormat::Import(super::CT2_WHISPER),
         config,
         tensors,
         vec![bin.clone(), config_path, tokenizer],
     )
+}
+
+/// Hugging Face Whisper: `config.json` with `model_type` "whisper" beside `model.safetensors`.
+pub(crate) fn detect_hf(dir: &Path) -> Result<bool> {
+    let is_whisper = || -> Option<bool> {
+        let text = std::fs::read_to_string(dir.join("config.json")).ok()?;
+        let json: serde_json::Value = serde_json::from_str(&text).ok()?;
+        Some(json.get("model_type")?.as_str()? == "whisper")
+    };
+    Ok(dir.join("model.safetensors").is_file() && is_whisper() == Some(true))
+}
+
+/// CTranslate2: `model.bin` whose header names a model spec, beside `config.json`. The spec
+/// (`WhisperSpec`) and the version are checked on import, so that another spec is refused by name.
+pub(crate) fn detect_ct2(dir: &Path) -> Result<bool> {
+    let bin = dir.join("model.bin");
+    if !(bin.is_file() && dir.join("config.json").is_file()) {
+        return Ok(false);
+    }
+    Ok(ct2::peek_header(&bin)?.is_some_and(|(_, spec)| spec.ends_with("Spec")))
+}
+
+/// The checks of a native Whisper checkpoint, in order: `model_config`, the tokenizer, the
+/// geometry against the number of tensors, the quantization spec, then every tensor.
+pub(crate) fn open_native(parts: &NativeParts<'_>) -> Result<BTreeMap<String, Tensor>> {
+    let NativeParts {
+        config_path,
+        weights_path,
+        config,
+        tokenizer_files,
+    } = *parts;
+    let model = native_model_config(config_path, config)?;
+    check_native_tokenizer(config_path, config, &model, tokenizer_files)?;
+    let tensors = safetensors_io::read(weights_path)?;
+    // Bounds the geometry before anything is sized by it: each layer holds several tensors.
+    if model.encoder_layers.saturating_add(model.decoder_layers) > tensors.len() {
+        return Err(Error::config_key(
+            config_path,
+            "model_config.encoder_layers",
+            format!(
+                "{} encoder and {} decoder layers cannot fit in the {} tensors of {}",
+                model.encoder_layers,
+                model.decoder_layers,
+                tensors.len(),
+                crate::checkpoint::WEIGHTS_FILE
+            ),
+        ));
+    }
+    if let Some(spec) = &config.quantization {
+        validate_spec(config_path, &model, spec)?;
+    }
+    validate(weights_path, &model, &tensors, config.quantization.as_ref())?;
+    Ok(tensors)
+}
+
+/// The quantization layout of a Whisper config.
+pub(crate) fn layout(config_path: &Path, config: &NativeConfig) -> Result<QuantizationLayout> {
+    let model: WhisperConfig = serde_json::from_value(config.model_config.clone())
+        .map_err(|e| Error::corrupt(config_path, format!("invalid Whisper model_config: {e}")))?;
+    Ok(super::quantization_layout(&model))
 }

@@ -1,0 +1,93 @@
+//! The model seam that the calibration loop, `transcribe`, `verify` and `gate` drive: an
+//! architecture's frontend and encoder, its own search with its safeguards, and the scores it
+//! gives a given hypothesis. Every GEMM runs through the caller's [`LinearExec`], so the same
+//! calls serve calibration (observed), transcription (full precision) and verification (the
+//! quantized numerics).
+
+use std::any::Any;
+
+use candle_core::Tensor;
+
+use super::exec::LinearExec;
+use crate::error::{Error, Result};
+use crate::frontend::read_audio;
+use crate::manifest::Utterance;
+
+/// What a model's search produced for one utterance.
+#[derive(Clone, Debug, Default)]
+pub struct Decoding {
+    pub tokens: Vec<u32>,
+    /// The score rows of the hypothesis, when asked for: one per decoder step for an
+    /// encoder-decoder (the logits that chose each token, then end-of-text).
+    pub scores: Vec<Vec<f32>>,
+    /// The temperature of the kept decoding (0 unless a fallback retried).
+    pub temperature: f32,
+    /// Decodings run (1 when the first passed the model's checks).
+    pub attempts: usize,
+    /// The kept decoding stopped at the token limit.
+    pub hit_limit: bool,
+}
+
+/// A speech recognition model, full precision or run with a verify executor.
+pub trait SpeechModel: Send + Sync {
+    /// The architecture's registry name.
+    fn architecture(&self) -> &'static str;
+
+    /// The sample rate the frontend takes (mono).
+    fn sample_rate(&self) -> u32;
+
+    /// Refuses by name audio of `samples` samples that the model cannot decode whole (`what`
+    /// names the file). Truncating would drop speech silently.
+    fn check_length(&self, what: &str, samples: usize) -> Result<()>;
+
+    /// The frontend and the encoder: the encoder output of `samples`.
+    fn encode(&self, exec: &mut dyn LinearExec, samples: &[f32]) -> Result<Tensor>;
+
+    /// The model's own search, with its safeguards, over the encoder output of `samples`
+    /// samples of audio; `keep_scores` keeps the score rows.
+    fn decode(
+        &self,
+        exec: &mut dyn LinearExec,
+        encoded: &Tensor,
+        samples: usize,
+        keep_scores: bool,
+    ) -> Result<Decoding>;
+
+    /// The score rows the model gives the hypothesis `tokens` (teacher-forced), comparable row by
+    /// row with [`Decoding::scores`] of the decoding that produced `tokens`.
+    fn score(
+        &self,
+        exec: &mut dyn LinearExec,
+        encoded: &Tensor,
+        tokens: &[u32],
+    ) -> Result<Vec<Vec<f32>>>;
+
+    /// The text of a hypothesis.
+    fn text(&self, tokens: &[u32]) -> Result<String>;
+
+    /// The architecture's own type, for analyses that need its internals (`verify --per-layer`).
+    fn as_any(&self) -> &dyn Any;
+
+    /// Reads an utterance's audio at the model's rate; errors name the utterance.
+    fn read(&self, utterance: &Utterance) -> Result<Vec<f32>> {
+        let in_utterance = |e: Error| Error::Utterance {
+            id: utterance.id.clone(),
+            error: Box::new(e),
+        };
+        let samples = read_audio(&utterance.audio, self.sample_rate()).map_err(in_utterance)?;
+        self.check_length(&crate::error::shown(&utterance.audio), samples.len())
+            .map_err(in_utterance)?;
+        Ok(samples)
+    }
+
+    /// [`Self::encode`] then [`Self::decode`].
+    fn transcribe(
+        &self,
+        exec: &mut dyn LinearExec,
+        samples: &[f32],
+        keep_scores: bool,
+    ) -> Result<Decoding> {
+        let encoded = self.encode(exec, samples)?;
+        self.decode(exec, &encoded, samples.len(), keep_scores)
+    }
+}

@@ -1,0 +1,139 @@
+//! Whisper behind the model seam: the log-mel frontend, the encoder, greedy decoding with
+//! Whisper's temperature fallback, and teacher-forced scoring.
+
+use std::any::Any;
+
+use candle_core::Tensor;
+
+use super::import::whisper_features;
+use super::{
+    decode_with_fallback, teacher_forced, token_limit, DecodingRules, Fallback, Whisper,
+    WhisperTokenizer,
+};
+use crate::checkpoint::Checkpoint;
+use crate::error::{Error, Result};
+use crate::frontend::{whisper_logmel::N_SAMPLES, Frontend, WhisperFrontend};
+use crate::models::exec::LinearExec;
+use crate::models::speech::{Decoding, SpeechModel};
+
+/// A Whisper model with its tokenizer, decoding rules and frontend.
+pub struct WhisperAsr {
+    pub model: Whisper,
+    pub tokenizer: WhisperTokenizer,
+    pub rules: DecodingRules,
+    pub frontend: WhisperFrontend,
+    pub sample_rate: u32,
+    /// The decoding safeguards (temperature fallback); [`Fallback::default`] as Whisper's own.
+    pub fallback: Fallback,
+}
+
+impl WhisperAsr {
+    /// Builds the model from a full-precision Whisper checkpoint (any supported format).
+    pub fn new(ckpt: &Checkpoint) -> Result<Self> {
+        let tokenizer_path = ckpt
+            .tokenizer_files
+            .get("tokenizer")
+            .ok_or_else(|| Error::corrupt(&ckpt.dir, "no tokenizer.json"))?;
+        let tokenizer = WhisperTokenizer::from_file(tokenizer_path)?;
+        let model = Whisper::load(ckpt)?;
+        let rules = DecodingRules::new(&model, &tokenizer)?;
+        let features = ckpt
+            .config
+            .features
+            .clone()
+            .unwrap_or_else(|| whisper_features(model.config.num_mel_bins));
+        let Frontend::WhisperLogMel(frontend) = Frontend::from_spec(&features)?;
+        let sample_rate = features.sample_rate;
+        Ok(WhisperAsr {
+            model,
+            tokenizer,
+            rules,
+            frontend,
+            sample_rate,
+            fallback: Fallback::default(),
+        })
+    }
+}
+
+impl SpeechModel for WhisperAsr {
+    fn architecture(&self) -> &'static str {
+        super::NAME
+    }
+
+    fn sample_rate(&self) -> u32 {
+        self.sample_rate
+    }
+
+    /// Audio longer than Whisper's 30 s window is refused: this version does not decode
+    /// long-form audio window by window.
+    fn check_length(&self, what: &str, samples: usize) -> Result<()> {
+        if samples > N_SAMPLES {
+            return Err(Error::NotImplemented {
+                what: format!(
+                    "audio longer than Whisper's 30 s window ({what}: {:.2} s)",
+                    samples as f64 / f64::from(self.sample_rate)
+                ),
+                detail: "long-form transcription (sequential 30 s windows) is not supported; \
+                         split the file into clips of at most 30 s"
+                    .into(),
+            });
+        }
+        Ok(())
+    }
+
+    /// The encoder output from the 30 s log-mel the model was trained on.
+    fn encode(&self, exec: &mut dyn LinearExec, samples: &[f32]) -> Result<Tensor> {
+        let mel = self.frontend.log_mel(samples);
+        self.model.encode(exec, &mel.data, mel.n_mels, mel.frames)
+    }
+
+    /// Greedy, with temperature fallback, up to [`token_limit`] tokens for the audio's length.
+    fn decode(
+        &self,
+        exec: &mut dyn LinearExec,
+        encoded: &Tensor,
+        samples: usize,
+        keep_scores: bool,
+    ) -> Result<Decoding> {
+        let d = decode_with_fallback(
+            &self.model,
+            exec,
+            encoded,
+            &self.rules,
+            &self.tokenizer,
+            &self.fallback,
+            token_limit(samples, self.sample_rate),
+            keep_scores,
+        )?;
+        Ok(Decoding {
+            tokens: d.tokens,
+            scores: d.step_logits,
+            temperature: d.temperature,
+            attempts: d.attempts,
+            hit_limit: d.hit_limit,
+        })
+    }
+
+    /// The decoder's logits at each step when fed the prompt and `tokens`.
+    fn score(
+        &self,
+        exec: &mut dyn LinearExec,
+        encoded: &Tensor,
+        tokens: &[u32],
+    ) -> Result<Vec<Vec<f32>>> {
+        teacher_forced(&self.model, exec, encoded, &self.rules, tokens)
+    }
+
+    fn text(&self, tokens: &[u32]) -> Result<String> {
+        self.tokenizer.decode(tokens)
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+/// The registry's loader.
+pub(crate) fn load(ckpt: &Checkpoint) -> Result<Box<dyn SpeechModel>> {
+    Ok(Box::new(WhisperAsr::new(ckpt)?))
+}
