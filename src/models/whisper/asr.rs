@@ -10,9 +10,9 @@ use super::{
     decode_with_fallback, teacher_forced, token_limit, DecodingRules, Fallback, Whisper,
     WhisperTokenizer,
 };
-use crate::checkpoint::Checkpoint;
+use crate::checkpoint::{Checkpoint, CONFIG_FILE};
 use crate::error::{Error, Result};
-use crate::frontend::{whisper_logmel::N_SAMPLES, Frontend, WhisperFrontend};
+use crate::frontend::{whisper_logmel::N_SAMPLES, Frontend, WhisperFrontend, WHISPER_LOGMEL};
 use crate::models::exec::LinearExec;
 use crate::models::speech::{Decoding, SpeechModel};
 
@@ -42,7 +42,24 @@ impl WhisperAsr {
             .features
             .clone()
             .unwrap_or_else(|| whisper_features(model.config.num_mel_bins));
-        let Frontend::WhisperLogMel(frontend) = Frontend::from_spec(&features)?;
+        // Whisper's encoder takes its own log-mel only; another kind is refused before its
+        // frontend is even set up.
+        let wrong_kind = || {
+            Error::config_key(
+                ckpt.dir.join(CONFIG_FILE),
+                "features.kind",
+                format!(
+                    "Whisper takes `{WHISPER_LOGMEL}` features, not {:?}",
+                    features.kind
+                ),
+            )
+        };
+        if features.kind != WHISPER_LOGMEL {
+            return Err(wrong_kind());
+        }
+        let Frontend::WhisperLogMel(frontend) = Frontend::from_spec(&features)? else {
+            return Err(wrong_kind());
+        };
         let sample_rate = features.sample_rate;
         Ok(WhisperAsr {
             model,
