@@ -1,7 +1,7 @@
 //! The Kaldi fbank frontend (WeNet's features) against two independent implementations on real
 //! speech clips: torchaudio's `compliance.kaldi.fbank` (tests/fixtures/wenet/make_fbank_golden.py)
-//! and kaldi-native-fbank (make_fbank_golden_knf.py); the frame count rule; and the spec checks
-//! of `Frontend::from_spec`.
+//! and kaldi-native-fbank (make_fbank_golden_knf.py); the frame count rule; the spec checks of
+//! `Frontend::from_spec`; and WeNet's global CMVN file.
 
 mod common;
 
@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 use oasr_quantize::checkpoint::{Checkpoint, FeatureSpec};
 use oasr_quantize::frontend::kaldi_fbank::{num_frames, FRAME_LENGTH, FRAME_SHIFT, SAMPLE_RATE};
-use oasr_quantize::frontend::{read_audio, Frontend, KaldiFbank, KALDI_FBANK};
+use oasr_quantize::frontend::{read_audio, Frontend, GlobalCmvn, KaldiFbank, KALDI_FBANK};
 use oasr_quantize::models::whisper::WhisperAsr;
 use serde_json::Value;
 
@@ -225,4 +225,164 @@ fn whisper_refuses_kaldi_fbank_features() {
             && text.contains("whisper_logmel"),
         "{text}"
     );
+}
+
+// ---- global CMVN ----
+
+fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+#[test]
+fn cmvn_reads_wenet_global_cmvn_and_normalises() {
+    let tmp = tempfile::tempdir().unwrap();
+    // Two dimensions over 4 frames: x0 in {1, 2, 3, 6} (sum 12, sum of squares 50), x1 constant
+    // 5 (sum 20, squares 100: zero variance, floored at 1e-20).
+    let path = write(
+        tmp.path(),
+        "global_cmvn",
+        r#"{"mean_stat": [12.0, 20], "var_stat": [50.0, 100.0], "frame_num": 4}"#,
+    );
+    let cmvn = GlobalCmvn::read(&path, 2).unwrap();
+    assert_eq!(cmvn.dim(), 2);
+    // mean = 12/4 = 3; var = 50/4 - 9 = 3.5; istd = 1/sqrt(3.5).
+    assert_eq!(cmvn.mean(), &[3.0, 5.0]);
+    assert_eq!(cmvn.istd()[0], (1.0 / 3.5f64.sqrt()) as f32);
+    assert_eq!(cmvn.istd()[1], 1e10);
+    let mut x = vec![6.0f32, 5.0, 1.0, 5.5];
+    cmvn.apply(&mut x).unwrap();
+    let s = (1.0 / 3.5f64.sqrt()) as f32;
+    assert_eq!(x, vec![3.0 * s, 0.0, -2.0 * s, 0.5 * 1e10]);
+
+    // A larger file with WeNet's layout (frame_num an integer, many values).
+    let mean: Vec<f64> = (0..80).map(|i| 1000.0 * (i as f64 + 1.0)).collect();
+    let var: Vec<f64> = (0..80)
+        .map(|i| 1e4 * (i as f64 + 1.0).powi(2) + 4e4)
+        .collect();
+    let text =
+        serde_json::json!({"mean_stat": mean, "var_stat": var, "frame_num": 100}).to_string();
+    let path = write(tmp.path(), "global_cmvn80", &text);
+    let cmvn = GlobalCmvn::read(&path, 80).unwrap();
+    for i in [0usize, 41, 79] {
+        let mu = mean[i] / 100.0;
+        let istd = 1.0 / (var[i] / 100.0 - mu * mu).sqrt();
+        assert_eq!(cmvn.mean()[i], mu as f32, "{i}");
+        assert_eq!(cmvn.istd()[i], istd as f32, "{i}");
+    }
+    // The variance here is 400 for every dimension: istd 1/20.
+    assert!(cmvn.istd().iter().all(|&v| (v - 0.05).abs() < 1e-7));
+}
+
+/// `GlobalCmvn::read` of `text` must fail naming the file and every needle.
+fn cmvn_refused(text: &str, expected_dim: usize, needles: &[&str]) {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = write(tmp.path(), "global_cmvn", text);
+    let err = GlobalCmvn::read(&path, expected_dim)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains(&path.display().to_string()), "{err}");
+    for needle in needles {
+        assert!(err.contains(needle), "{needle:?} not in: {err}");
+    }
+}
+
+#[test]
+fn cmvn_refusals_name_the_file_and_the_key() {
+    let ok_var = "[1.0, 1.0, 1.0]";
+    let file = |mean: &str, var: &str, n: &str| {
+        format!(r#"{{"mean_stat": {mean}, "var_stat": {var}, "frame_num": {n}}}"#)
+    };
+    // Missing keys.
+    cmvn_refused(
+        r#"{"var_stat": [1.0], "frame_num": 1}"#,
+        1,
+        &["`mean_stat`", "missing"],
+    );
+    cmvn_refused(
+        r#"{"mean_stat": [1.0], "frame_num": 1}"#,
+        1,
+        &["`var_stat`", "missing"],
+    );
+    cmvn_refused(
+        r#"{"mean_stat": [1.0], "var_stat": [1.0]}"#,
+        1,
+        &["`frame_num`", "missing"],
+    );
+    // Non-numeric values.
+    cmvn_refused(
+        &file("[1.0, \"x\", 1.0]", ok_var, "2"),
+        3,
+        &["`mean_stat[1]`", "expected a number", "\"x\""],
+    );
+    cmvn_refused(
+        &file("[1.0, 2.0, 3.0]", "[1.0, null, 1.0]", "2"),
+        3,
+        &["`var_stat[1]`", "null"],
+    );
+    cmvn_refused(
+        &file("{\"a\": 1}", ok_var, "2"),
+        3,
+        &["`mean_stat`", "expected an array"],
+    );
+    cmvn_refused(
+        &file("[1.0, 2.0, 3.0]", ok_var, "\"10\""),
+        3,
+        &["`frame_num`", "expected a number"],
+    );
+    // Lengths.
+    cmvn_refused(
+        &file("[1.0, 2.0]", ok_var, "2"),
+        2,
+        &["`var_stat`", "has 3 values but `mean_stat` has 2"],
+    );
+    let forty = format!("[{}]", vec!["1.0"; 40].join(", "));
+    cmvn_refused(
+        &file(&forty, &forty, "2"),
+        80,
+        &[
+            "`mean_stat`",
+            "global_cmvn has 40 values but the model takes 80-dimensional features",
+        ],
+    );
+    cmvn_refused(&file("[]", "[]", "2"), 0, &["`mean_stat`", "has no values"]);
+    // frame_num <= 0.
+    for n in ["0", "-3", "0.0"] {
+        cmvn_refused(
+            &file("[1.0, 2.0, 3.0]", ok_var, n),
+            3,
+            &["`frame_num`", "must be positive"],
+        );
+    }
+    // Non-finite: Python's json writes NaN and Infinity; a number past f64 reads as infinity;
+    // a mean that overflows f32.
+    cmvn_refused(
+        &file("[1.0, NaN, 3.0]", ok_var, "2"),
+        3,
+        &["`mean_stat[1]`", "NaN is not finite"],
+    );
+    cmvn_refused(
+        &file("[1.0, 2.0, 3.0]", "[1.0, 1.0, -Infinity]", "2"),
+        3,
+        &["`var_stat[2]`", "-Infinity is not finite"],
+    );
+    cmvn_refused(
+        &file("[1.0, 2.0, 3.0]", ok_var, "1e999"),
+        3,
+        &["`frame_num`", "Infinity is not finite"],
+    );
+    cmvn_refused(
+        &file("[1.0, 1e300, 3.0]", ok_var, "2"),
+        3,
+        &["`mean_stat`", "value 1", "not a finite f32"],
+    );
+    // Not JSON, or not an object.
+    cmvn_refused("[1, 2]", 2, &["not a WeNet global_cmvn JSON file"]);
+    cmvn_refused("[\n 0.1 0.2 ]\n", 2, &["not a WeNet global_cmvn JSON file"]);
+    // A missing file.
+    let tmp = tempfile::tempdir().unwrap();
+    let missing = tmp.path().join("no_such_cmvn");
+    let err = GlobalCmvn::read(&missing, 80).unwrap_err().to_string();
+    assert!(err.contains("no_such_cmvn"), "{err}");
 }

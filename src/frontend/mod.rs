@@ -6,16 +6,19 @@
 //! - [`whisper_logmel`]: OpenAI Whisper's log-mel spectrogram, bit for bit what
 //!   `whisper.transcribe()` feeds the model (within float rounding).
 //! - [`kaldi_fbank`]: Kaldi's log mel filter bank as WeNet computes it
-//!   (`torchaudio.compliance.kaldi.fbank` with WeNet's options).
+//!   (`torchaudio.compliance.kaldi.fbank` with WeNet's options), and [`cmvn`]: WeNet's global
+//!   CMVN of those features.
 //!
 //! [`Frontend::from_spec`] picks the extractor a checkpoint's `features.kind` names.
 //! `docs/frontend.md` states the exact definitions and the choices made.
 
 pub mod audio;
+pub mod cmvn;
 pub mod kaldi_fbank;
 pub mod whisper_logmel;
 
 pub use audio::{decode_audio, read_audio, Audio};
+pub use cmvn::GlobalCmvn;
 pub use kaldi_fbank::{Fbank, KaldiFbank};
 pub use whisper_logmel::{slaney_mel_filters, LogMel, Padding, WhisperFrontend};
 
@@ -61,8 +64,8 @@ impl Frontend {
 
 /// Checks that a `kaldi_fbank` spec asks for what [`KaldiFbank`] computes: WeNet's options.
 /// Anything else is refused by field and value, since the encoder would get features it was
-/// not trained on. `normalize` is not the frontend's: the model applies its CMVN to the
-/// features.
+/// not trained on. `normalize` is not the frontend's: the model applies its CMVN
+/// ([`GlobalCmvn`]) to the features.
 fn check_kaldi_fbank_spec(spec: &FeatureSpec) -> Result<()> {
     use kaldi_fbank as kf;
     let refuse = |field: &str, value: String, computed: String| {
