@@ -3,10 +3,11 @@
 //!
 //! The archive holds `<name>/data.pkl`, a pickle of the state dict whose tensors refer by
 //! persistent id to storages `<name>/data/<key>` (raw little-endian bytes), and a few small
-//! records (`byteorder`, `version`, ...). [`read`] parses the zip directory ([`zip`]), runs the
-//! pickle on a restricted machine ([`unpickle`]) that knows only the opcodes and globals a state
-//! dict needs, and builds each tensor as a view into the memory-mapped file (a copy only for a
-//! non-contiguous view). The format and what is refused: docs/format.md, "PyTorch checkpoints".
+//! records (`byteorder`, `version`, ...). [`read`] parses the zip directory (module `zip`), runs
+//! the pickle on a restricted machine (module `unpickle`) that knows only the opcodes and globals
+//! a state dict needs, and builds each tensor as a view into the memory-mapped file (a copy only
+//! for a non-contiguous view). The format and what is refused: docs/format.md, "PyTorch
+//! checkpoints".
 
 mod unpickle;
 mod zip;
@@ -571,4 +572,37 @@ fn dims(values: &[u64]) -> String {
         parts.push(format!("… {} more", values.len() - SHOWN_ITEMS));
     }
     format!("[{}]", parts.join(", "))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The documented list is the one the unpickler applies: each global on it loads, and every
+    /// storage type the unpickler knows is on it.
+    #[test]
+    fn the_allowed_globals_are_the_ones_the_unpickler_accepts() {
+        for global in ALLOWED_GLOBALS {
+            let (module, name) = global.rsplit_once('.').unwrap();
+            let pickle = format!("\u{80}\u{2}c{module}\n{name}\n.");
+            let pickle: Vec<u8> = pickle.chars().map(|c| c as u8).collect();
+            assert!(unpickle::load(&pickle).is_ok(), "{global}");
+        }
+        for t in unpickle::STORAGE_TYPES {
+            assert!(ALLOWED_GLOBALS.contains(&format!("torch.{}", t.name).as_str()));
+        }
+        let e = unpickle::load(b"\x80\x02ctorch\nload\n.").unwrap_err();
+        assert!(
+            e.message.contains("`torch.load` is not a tensor"),
+            "{}",
+            e.message
+        );
+    }
+
+    #[test]
+    fn messages_show_hostile_text_short_and_inert() {
+        assert_eq!(shown_text("a\x1b[31mb\n"), "a\u{fffd}[31mb\u{fffd}");
+        let long = "x".repeat(1000);
+        assert_eq!(shown_text(&long).chars().count(), 201);
+    }
 }
