@@ -2,7 +2,8 @@
 //! a result or an error that names the file, never a panic (proptest reports a panic as a
 //! failure, with the shrunk input).
 //!
-//! Targets: the CTranslate2 `model.bin` reader, the safetensors reader, `oasr_config.json` (the
+//! Targets: the CTranslate2 `model.bin` reader, the safetensors reader, the PyTorch `final.pt`
+//! reader (the whole file, and its pickle alone inside a sound archive), `oasr_config.json` (the
 //! native config and its quantization spec), a whole v2 checkpoint opened and inspected with a
 //! mutated `oasr_config.json` or `tokenizer.json`, a Hugging Face / CTranslate2 `config.json` in
 //! the import path, manifests, recipe TOML, gate files, and the audio containers (WAV, FLAC, Ogg Vorbis).
@@ -20,7 +21,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-use oasr_quantize::checkpoint::{ct2, safetensors_io, Checkpoint, NativeConfig};
+use oasr_quantize::checkpoint::{ct2, safetensors_io, torch_pt, Checkpoint, NativeConfig};
 use oasr_quantize::frontend::decode_audio;
 use oasr_quantize::models::whisper::decoding::WhisperTokenizer;
 use oasr_quantize::verify::QuantizedModel;
@@ -178,6 +179,15 @@ fn names(e: &oasr_quantize::Error, file: &str) -> bool {
 /// Where a quantized checkpoint keeps its tokenizer.
 const TOKENIZER: &str = "tokenizer/tokenizer.json";
 
+/// The PyTorch checkpoints written by torch.save that seed the `final.pt` targets: a state dict
+/// of every dtype and view kind, and a module's state dict saved from the GPU.
+fn torch_seeds() -> [&'static [u8]; 2] {
+    [
+        include_bytes!("fixtures/torch/plain.pt"),
+        include_bytes!("fixtures/torch/module.pt"),
+    ]
+}
+
 /// The real tiny.en quantized once (RTN int8) per test process: the seed of the v2 targets.
 fn quantized() -> &'static Path {
     static DIR: OnceLock<(tempfile::TempDir, PathBuf)> = OnceLock::new();
@@ -256,6 +266,29 @@ proptest! {
         let path = write(tmp.path(), "m.safetensors", &mutate(&common::small_safetensors(), &edits));
         if let Err(e) = safetensors_io::read(&path) {
             prop_assert!(names(&e, "m.safetensors"), "{e}");
+        }
+    }
+
+    #[test]
+    fn torch_final_pt(edits in mutations(), which in 0usize..2) {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = write(tmp.path(), "final.pt", &mutate(torch_seeds()[which], &edits));
+        if let Err(e) = torch_pt::read(&path) {
+            prop_assert!(names(&e, "final.pt"), "{e}");
+        }
+    }
+
+    #[test]
+    fn torch_final_pt_pickle(edits in mutations(), which in 0usize..2) {
+        // Only `data.pkl` is mutated and the archive is rebuilt around it, so every case reaches
+        // the unpickler and the tensor checks (an edit of the whole file mostly breaks the zip).
+        let mut entries = common::zip_entries(torch_seeds()[which]);
+        let pickle = entries.iter_mut().find(|(name, _)| name.ends_with("/data.pkl")).unwrap();
+        pickle.1 = mutate(&pickle.1, &edits);
+        let tmp = tempfile::tempdir().unwrap();
+        let path = write(tmp.path(), "final.pt", &common::zip_stored(&entries, false));
+        if let Err(e) = torch_pt::read(&path) {
+            prop_assert!(names(&e, "final.pt"), "{e}");
         }
     }
 
@@ -380,6 +413,16 @@ proptest! {
         if let Err(e) = decode_audio(&path) {
             prop_assert!(names(&e, &name), "{e}");
         }
+    }
+}
+
+#[test]
+fn the_torch_seeds_are_valid() {
+    let tmp = tempfile::tempdir().unwrap();
+    for seed in torch_seeds() {
+        assert!(torch_pt::read(&write(tmp.path(), "final.pt", seed)).is_ok());
+        let rezipped = common::zip_stored(&common::zip_entries(seed), false);
+        assert!(torch_pt::read(&write(tmp.path(), "final.pt", &rezipped)).is_ok());
     }
 }
 

@@ -1,13 +1,15 @@
 //! Checkpoint I/O: the containers this tool reads and writes (safetensors, CTranslate2's
-//! `model.bin`, the OASR native config), the imported form every architecture shares, and the
-//! native writer. Detecting a directory's format and importing it goes through the architecture
-//! registry (`crate::models::registry`), which implements [`Checkpoint::open`].
+//! `model.bin`, the zip archives of PyTorch's `torch.save`, the OASR native config), the imported
+//! form every architecture shares, and the native writer. Detecting a directory's format and
+//! importing it goes through the architecture registry (`crate::models::registry`), which
+//! implements [`Checkpoint::open`].
 
 pub mod ct2;
 mod native;
 mod output;
 pub mod safetensors_io;
 mod tensor;
+pub mod torch_pt;
 mod writer;
 
 use std::collections::BTreeMap;

@@ -135,3 +135,87 @@ impl StreamWriter {
         Ok(crate::hashing::hex(&self.hasher.finalize()))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every dtype round-trips through the writer and the reader, under its safetensors name.
+    #[test]
+    fn every_dtype_is_written_and_read_back() {
+        let dtypes = [
+            DType::F32,
+            DType::F16,
+            DType::BF16,
+            DType::I8,
+            DType::F8E4m3,
+            DType::I16,
+            DType::I32,
+            DType::U8,
+            DType::F64,
+            DType::I64,
+            DType::Bool,
+        ];
+        let tensors: Vec<(String, Tensor)> = dtypes
+            .iter()
+            .map(|&dtype| {
+                let bytes: Vec<u8> = (0..3 * dtype.size())
+                    .map(|i| {
+                        if dtype == DType::Bool {
+                            (i % 2) as u8
+                        } else {
+                            i as u8
+                        }
+                    })
+                    .collect();
+                (
+                    format!("t_{dtype}"),
+                    Tensor::from_bytes(dtype, vec![3], bytes),
+                )
+            })
+            .collect();
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("m.safetensors");
+        let plan = tensors
+            .iter()
+            .map(|(name, t)| TensorPlan {
+                name: name.clone(),
+                dtype: t.dtype,
+                shape: t.shape.clone(),
+            })
+            .collect();
+        let mut writer = StreamWriter::create(&path, plan).unwrap();
+        for (name, t) in &tensors {
+            writer.write(name, t).unwrap();
+        }
+        writer.finish().unwrap();
+        let back = read(&path).unwrap();
+        assert_eq!(back.len(), tensors.len());
+        for (name, t) in &tensors {
+            let b = &back[name];
+            assert_eq!(
+                (b.dtype, &b.shape, b.bytes()),
+                (t.dtype, &t.shape, t.bytes()),
+                "{name}"
+            );
+        }
+        assert_eq!(
+            [DType::F64, DType::I64, DType::Bool].map(DType::safetensors_name),
+            ["F64", "I64", "BOOL"]
+        );
+    }
+
+    #[test]
+    fn f64_converts_like_the_other_float_dtypes() {
+        let values = [1.0f64 / 3.0, -2.5, 1e-300];
+        let bytes = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let t = Tensor::from_bytes(DType::F64, vec![3], bytes);
+        assert!(DType::F64.is_float() && !DType::I64.is_float() && !DType::Bool.is_float());
+        assert_eq!(t.to_f32(), vec![(1.0f64 / 3.0) as f32, -2.5, 0.0]);
+        // 1e-300 rounds to 0 in f32, but the tensor is not all zero.
+        assert!(!t.is_all_zero());
+        let back = t.to_float_dtype(DType::F32).to_float_dtype(DType::F64);
+        assert_eq!(back.dtype, DType::F64);
+        assert_eq!(back.to_f32(), t.to_f32());
+    }
+}

@@ -7,6 +7,11 @@ use half::{bf16, f16};
 use memmap2::Mmap;
 
 /// Element types that appear in the checkpoints we read and write.
+///
+/// `F64`, `I64` and `Bool` are what PyTorch checkpoints hold besides the rest (a `float64`
+/// buffer, BatchNorm's `int64` `num_batches_tracked`, a `bool` mask); safetensors names them
+/// `F64`, `I64` and `BOOL`, so they are read and written like any other dtype. `F64` is a float
+/// dtype ([`DType::is_float`]): it converts to f32 by rounding to nearest like the others.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum DType {
     F32,
@@ -17,19 +22,26 @@ pub enum DType {
     I16,
     I32,
     U8,
+    F64,
+    I64,
+    /// One byte per element, 0 or 1 (PyTorch's and safetensors' layout).
+    Bool,
 }
 
 impl DType {
     pub fn size(self) -> usize {
         match self {
+            DType::F64 | DType::I64 => 8,
             DType::F32 | DType::I32 => 4,
             DType::F16 | DType::BF16 | DType::I16 => 2,
-            DType::I8 | DType::F8E4m3 | DType::U8 => 1,
+            DType::I8 | DType::F8E4m3 | DType::U8 | DType::Bool => 1,
         }
     }
 
+    /// The full-precision float dtypes (not the fp8 code dtype), which [`Tensor::to_f32`] and
+    /// [`Tensor::to_float_dtype`] convert.
     pub fn is_float(self) -> bool {
-        matches!(self, DType::F32 | DType::F16 | DType::BF16)
+        matches!(self, DType::F32 | DType::F16 | DType::BF16 | DType::F64)
     }
 
     /// The safetensors name of the dtype.
@@ -43,6 +55,9 @@ impl DType {
             DType::I16 => "I16",
             DType::I32 => "I32",
             DType::U8 => "U8",
+            DType::F64 => "F64",
+            DType::I64 => "I64",
+            DType::Bool => "BOOL",
         }
     }
 
@@ -57,6 +72,9 @@ impl DType {
             S::I16 => DType::I16,
             S::I32 => DType::I32,
             S::U8 => DType::U8,
+            S::F64 => DType::F64,
+            S::I64 => DType::I64,
+            S::BOOL => DType::Bool,
             _ => return None,
         })
     }
@@ -167,6 +185,7 @@ impl Tensor {
                 .chunks_exact(2)
                 .map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f32())
                 .collect(),
+            DType::F64 => self.to_f64_values().into_iter().map(|v| v as f32).collect(),
             other => panic!("to_f32 on a {other} tensor"),
         }
     }
@@ -187,9 +206,21 @@ impl Tensor {
                 .iter()
                 .flat_map(|v| bf16::from_f32(*v).to_le_bytes())
                 .collect(),
+            DType::F64 => values
+                .iter()
+                .flat_map(|v| f64::from(*v).to_le_bytes())
+                .collect(),
             other => panic!("to_float_dtype({other})"),
         };
         Tensor::from_bytes(dtype, self.shape.clone(), bytes)
+    }
+
+    /// The values of an `F64` tensor (no rounding; the caller checks the dtype).
+    fn to_f64_values(&self) -> Vec<f64> {
+        self.bytes()
+            .chunks_exact(8)
+            .map(|c| f64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]))
+            .collect()
     }
 
     /// A 3-D tensor with its last two axes swapped: [a, b, c] -> [a, c, b].
@@ -215,6 +246,8 @@ impl Tensor {
         match self.dtype {
             // -0.0 is zero too.
             DType::F32 | DType::F16 | DType::BF16 => self.to_f32().iter().all(|v| *v == 0.0),
+            // Compared in f64: a tiny value must not round to zero on the way.
+            DType::F64 => self.to_f64_values().iter().all(|v| *v == 0.0),
             _ => self.bytes().iter().all(|b| *b == 0),
         }
     }

@@ -222,3 +222,152 @@ pub fn assert_decoder_fc2_kept(spec: &oasr_quantize::format::QuantizationSpec) {
         );
     }
 }
+
+/// CRC-32 (the zip polynomial), for the archives [`zip_stored`] writes.
+pub fn crc32(bytes: &[u8]) -> u32 {
+    let mut crc = !0u32;
+    for &b in bytes {
+        crc ^= u32::from(b);
+        for _ in 0..8 {
+            crc = if crc & 1 != 0 {
+                (crc >> 1) ^ 0xedb8_8320
+            } else {
+                crc >> 1
+            };
+        }
+    }
+    !crc
+}
+
+/// The entries of a small zip archive (no ZIP64 sizes), read from its central directory:
+/// names and bytes, in directory order. For taking a torch.save fixture apart.
+pub fn zip_entries(zip: &[u8]) -> Vec<(String, Vec<u8>)> {
+    let u16_at = |at: usize| u16::from_le_bytes([zip[at], zip[at + 1]]) as usize;
+    let u32_at = |at: usize| u32::from_le_bytes(zip[at..at + 4].try_into().unwrap()) as usize;
+    let eocd = zip.len() - 22;
+    assert_eq!(
+        &zip[eocd..eocd + 4],
+        b"PK\x05\x06",
+        "no end of central directory"
+    );
+    let (count, mut at) = (u16_at(eocd + 10), u32_at(eocd + 16));
+    let mut out = Vec::new();
+    for _ in 0..count {
+        assert_eq!(&zip[at..at + 4], b"PK\x01\x02");
+        let (size, name_len) = (u32_at(at + 24), u16_at(at + 28));
+        let (extra_len, comment_len, local) = (u16_at(at + 30), u16_at(at + 32), u32_at(at + 42));
+        let name = String::from_utf8(zip[at + 46..at + 46 + name_len].to_vec()).unwrap();
+        let start = local + 30 + u16_at(local + 26) + u16_at(local + 28);
+        out.push((name, zip[start..start + size].to_vec()));
+        at += 46 + name_len + extra_len + comment_len;
+    }
+    out
+}
+
+/// A zip archive of stored entries (with their CRC-32s). With `zip64`, every size and offset is
+/// given in ZIP64 extra fields (the 32-bit fields saturated) and the directory is found through a
+/// ZIP64 end record, as for a file over 4 GiB.
+pub fn zip_stored(entries: &[(String, Vec<u8>)], zip64: bool) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut central = Vec::new();
+    let sat32 = |v: usize| if zip64 { u32::MAX } else { v as u32 };
+    for (name, data) in entries {
+        let offset = out.len();
+        let crc = crc32(data);
+        let version: u16 = if zip64 { 45 } else { 20 };
+        let mut local_extra = Vec::new();
+        let mut central_extra = Vec::new();
+        if zip64 {
+            local_extra.extend(1u16.to_le_bytes());
+            local_extra.extend(16u16.to_le_bytes());
+            local_extra.extend((data.len() as u64).to_le_bytes());
+            local_extra.extend((data.len() as u64).to_le_bytes());
+            central_extra.extend(1u16.to_le_bytes());
+            central_extra.extend(24u16.to_le_bytes());
+            central_extra.extend((data.len() as u64).to_le_bytes());
+            central_extra.extend((data.len() as u64).to_le_bytes());
+            central_extra.extend((offset as u64).to_le_bytes());
+        }
+        out.extend(b"PK\x03\x04");
+        out.extend(version.to_le_bytes());
+        out.extend(0x0800u16.to_le_bytes()); // UTF-8 names, as torch writes
+        out.extend(0u16.to_le_bytes()); // stored
+        out.extend([0u8; 4]); // time, date
+        out.extend(crc.to_le_bytes());
+        out.extend(sat32(data.len()).to_le_bytes());
+        out.extend(sat32(data.len()).to_le_bytes());
+        out.extend((name.len() as u16).to_le_bytes());
+        out.extend((local_extra.len() as u16).to_le_bytes());
+        out.extend(name.as_bytes());
+        out.extend(&local_extra);
+        out.extend(data);
+
+        central.extend(b"PK\x01\x02");
+        central.extend(version.to_le_bytes());
+        central.extend(version.to_le_bytes());
+        central.extend(0x0800u16.to_le_bytes());
+        central.extend(0u16.to_le_bytes());
+        central.extend([0u8; 4]);
+        central.extend(crc.to_le_bytes());
+        central.extend(sat32(data.len()).to_le_bytes());
+        central.extend(sat32(data.len()).to_le_bytes());
+        central.extend((name.len() as u16).to_le_bytes());
+        central.extend((central_extra.len() as u16).to_le_bytes());
+        central.extend(0u16.to_le_bytes()); // comment
+        central.extend(0u16.to_le_bytes()); // disk
+        central.extend(0u16.to_le_bytes()); // internal attributes
+        central.extend(0u32.to_le_bytes()); // external attributes
+        central.extend(sat32(offset).to_le_bytes());
+        central.extend(name.as_bytes());
+        central.extend(&central_extra);
+    }
+    let (directory, size, count) = (out.len(), central.len(), entries.len());
+    out.extend(central);
+    if zip64 {
+        let record = out.len();
+        out.extend(b"PK\x06\x06");
+        out.extend(44u64.to_le_bytes());
+        out.extend(45u16.to_le_bytes());
+        out.extend(45u16.to_le_bytes());
+        out.extend(0u32.to_le_bytes());
+        out.extend(0u32.to_le_bytes());
+        out.extend((count as u64).to_le_bytes());
+        out.extend((count as u64).to_le_bytes());
+        out.extend((size as u64).to_le_bytes());
+        out.extend((directory as u64).to_le_bytes());
+        out.extend(b"PK\x06\x07");
+        out.extend(0u32.to_le_bytes());
+        out.extend((record as u64).to_le_bytes());
+        out.extend(1u32.to_le_bytes());
+    }
+    out.extend(b"PK\x05\x06");
+    out.extend([0u8; 4]); // disk numbers
+    let count16 = if zip64 { u16::MAX } else { count as u16 };
+    out.extend(count16.to_le_bytes());
+    out.extend(count16.to_le_bytes());
+    out.extend(sat32(size).to_le_bytes());
+    out.extend(sat32(directory).to_le_bytes());
+    out.extend(0u16.to_le_bytes());
+    out
+}
+
+/// Sets the general-purpose flags and the compression method of the entry `name` in both its
+/// local and its central header (to make an archive with a compressed or encrypted entry).
+pub fn zip_set_entry_header(zip: &mut [u8], name: &str, flags: u16, method: u16) {
+    let mut patched = 0;
+    for at in 0..zip.len().saturating_sub(46) {
+        // Flags, then the method; the name length; the name.
+        let (flags_at, len_at, name_at) = match &zip[at..at + 4] {
+            b"PK\x03\x04" => (at + 6, at + 26, at + 30),
+            b"PK\x01\x02" => (at + 8, at + 28, at + 46),
+            _ => continue,
+        };
+        let name_len = u16::from_le_bytes([zip[len_at], zip[len_at + 1]]) as usize;
+        if zip.get(name_at..name_at + name_len) == Some(name.as_bytes()) {
+            zip[flags_at..flags_at + 2].copy_from_slice(&flags.to_le_bytes());
+            zip[flags_at + 2..flags_at + 4].copy_from_slice(&method.to_le_bytes());
+            patched += 1;
+        }
+    }
+    assert_eq!(patched, 2, "entry {name} not found");
+}
