@@ -29,7 +29,8 @@ struct Cli {
 
 #[derive(Args)]
 struct QuantizeArgs {
-    /// Source checkpoint directory (OASR native, Hugging Face Whisper or CTranslate2 Whisper).
+    /// Source checkpoint directory (OASR native, Hugging Face Whisper, CTranslate2 Whisper or a
+    /// WeNet U2++ Conformer model directory).
     #[arg(required = true)]
     src: Option<PathBuf>,
     /// Output directory (written atomically).

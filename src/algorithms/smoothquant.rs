@@ -24,6 +24,8 @@ pub struct SmoothedGroup {
     /// The module that absorbed 1/s (a norm or a V projection); `None` for a runtime smoother.
     pub smoothed_into: Option<String>,
     pub consumers: Vec<String>,
+    /// For a fold into a producer's rows: the first row 1/s divides.
+    pub producer_rows_from: usize,
     /// s_j per input channel.
     pub factors: Vec<f32>,
     /// The calibrated max |X_j| per input channel.
@@ -187,9 +189,10 @@ pub fn plan_with(
                     }
                 }
             }
-            (SmoothFold::VToO, Some(v_proj)) => {
-                if let Ok(bias) = tensors.get(&format!("{v_proj}.bias")) {
-                    for (lo, v) in lower.iter_mut().zip(bias.iter()) {
+            (SmoothFold::VToO | SmoothFold::ProducerRows, Some(producer)) => {
+                if let Ok(bias) = tensors.get(&format!("{producer}.bias")) {
+                    let rows = bias.get(group.producer_rows_from..).unwrap_or_default();
+                    for (lo, v) in lower.iter_mut().zip(rows) {
                         *lo = lo.max(v.abs() / F16_MAX);
                     }
                 }
@@ -203,6 +206,7 @@ pub fn plan_with(
             fold: group.fold,
             smoothed_into: group.producer.clone(),
             consumers: group.consumers.clone(),
+            producer_rows_from: group.producer_rows_from,
             factors: factors(x_max, &w_max, alpha, &lower, rules.floor),
             input_absmax: x_max.clone(),
             alpha,
@@ -235,14 +239,34 @@ pub fn apply(
                 divide(tensors.get_mut(&format!("{norm}.weight"))?);
                 divide(tensors.get_mut(&format!("{norm}.bias"))?);
             }
-            (SmoothFold::VToO, Some(v_proj)) => {
-                let rows = tensors.get_mut(&format!("{v_proj}.weight"))?;
-                let cols = rows.len() / k;
-                for (row, f) in rows.chunks_exact_mut(cols).zip(s) {
+            (SmoothFold::VToO | SmoothFold::ProducerRows, Some(producer)) => {
+                // Rows `from .. from + k` of the producer (its V rows, or all of a producer
+                // across ReLU) and their bias.
+                let from = g.producer_rows_from;
+                let name = format!("{producer}.weight");
+                let out_rows = tensors.shape(&name)?.first().copied().unwrap_or(0);
+                let weight = tensors.get_mut(&name)?;
+                let cols = weight.len() / out_rows.max(1);
+                if from + k > out_rows || cols == 0 {
+                    return Err(Error::LayerRefused {
+                        layer: producer.clone(),
+                        reason: format!(
+                            "rows {from}..{} do not fit its {out_rows} output rows",
+                            from + k
+                        ),
+                    });
+                }
+                for (row, f) in weight[from * cols..(from + k) * cols]
+                    .chunks_exact_mut(cols)
+                    .zip(s)
+                {
                     row.iter_mut().for_each(|v| *v /= f);
                 }
-                if tensors.contains(&format!("{v_proj}.bias")) {
-                    divide(tensors.get_mut(&format!("{v_proj}.bias"))?);
+                if tensors.contains(&format!("{producer}.bias")) {
+                    let bias = tensors.get_mut(&format!("{producer}.bias"))?;
+                    if let Some(rows) = bias.get_mut(from..from + k) {
+                        rows.iter_mut().zip(s).for_each(|(v, f)| *v /= f);
+                    }
                 }
             }
             _ => {

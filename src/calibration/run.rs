@@ -183,6 +183,10 @@ fn observe_one<O: Observer, E: LinearExec>(
         inner: exec(),
     };
     let audio = t.encode(&mut observing, &samples)?;
+    let decoder = match decoder {
+        DecoderPass::Tokens(_) if !t.score_replays_decode() => DecoderPass::Decode,
+        other => other,
+    };
     let tokens = match decoder {
         DecoderPass::Skip => Vec::new(),
         DecoderPass::Tokens(all) => {

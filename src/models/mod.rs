@@ -1,6 +1,7 @@
 //! One folder per architecture: its configuration and its `quantization_layout()`, which is data
 //! only (which GEMMs exist, where smoothing folds, which links may arm).
 
+pub mod conformer;
 pub mod exec;
 pub mod registry;
 pub mod speech;
@@ -34,6 +35,9 @@ pub struct SmoothGroup {
     pub consumers: Vec<String>,
     /// Whether the producer (a norm) may emit the consumers' 8-bit input.
     pub fuse_output_quant: bool,
+    /// For `v_to_o` and `producer_rows`: the first of the producer's output rows that 1/s
+    /// divides (the V rows of a fused q;k;v projection start at 2·d); 0 otherwise.
+    pub producer_rows_from: usize,
 }
 
 /// A producer GEMM whose output feeds one consumer GEMM (possibly across an activation).
@@ -60,13 +64,14 @@ pub struct QuantizationLayout {
     pub kept_full_precision: Vec<(String, String)>,
     /// Layers whose rows must not depend on the batch they are computed in.
     pub batch_invariant: Vec<String>,
-    /// Layers that run inside an autoregressive decoder's step: a calibration pass that observes
-    /// none of them runs no decoder.
+    /// Layers that run in the model's search (`SpeechModel::decode`: an autoregressive
+    /// decoder's steps, or a rescoring decoder) rather than in its encoder: a calibration pass
+    /// that observes none of them runs no search.
     pub decode_step_layers: Vec<String>,
 }
 
 impl QuantizationLayout {
-    /// Whether `layer` runs inside the decoder's step.
+    /// Whether `layer` runs in the model's search (see `decode_step_layers`).
     pub fn in_decode_step(&self, layer: &str) -> bool {
         self.decode_step_layers.iter().any(|l| l == layer)
     }

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use super::speech::SpeechModel;
-use super::{whisper, QuantizationLayout};
+use super::{conformer, whisper, QuantizationLayout};
 use crate::checkpoint::{
     tokenizer_file, Checkpoint, NativeConfig, OpenOptions, SourceFormat, Tensor, CONFIG_FILE,
     WEIGHTS_FILE,
@@ -51,7 +51,7 @@ pub struct Architecture {
 }
 
 /// Every architecture this version reads.
-pub static ARCHITECTURES: &[&Architecture] = &[&whisper::ARCHITECTURE];
+pub static ARCHITECTURES: &[&Architecture] = &[&whisper::ARCHITECTURE, &conformer::ARCHITECTURE];
 
 /// The architecture registered as `name`; `config_path` is blamed when there is none.
 pub fn architecture(config_path: &Path, name: &str) -> Result<&'static Architecture> {

@@ -62,6 +62,14 @@ pub trait SpeechModel: Send + Sync {
         tokens: &[u32],
     ) -> Result<Vec<Vec<f32>>>;
 
+    /// Whether [`Self::score`] on a decoding's tokens shows the GEMMs the same rows that
+    /// [`Self::decode`] computed (an autoregressive decoder scoring its own transcript: yes; a
+    /// rescoring search, whose decoders scored every candidate: no). When not, a calibration
+    /// pass that needs the decoder's inputs decodes again instead of scoring the transcript.
+    fn score_replays_decode(&self) -> bool {
+        true
+    }
+
     /// The text of a hypothesis.
     fn text(&self, tokens: &[u32]) -> Result<String>;
 

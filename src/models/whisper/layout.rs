@@ -111,6 +111,7 @@ pub fn quantization_layout(c: &WhisperConfig) -> QuantizationLayout {
         fold,
         consumers,
         fuse_output_quant: fuse,
+        producer_rows_from: 0,
     };
     for (side, layers, ffn) in [
         ("encoder", c.encoder_layers, c.encoder_ffn_dim),

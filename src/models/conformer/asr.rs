@@ -1,0 +1,218 @@
+//! The Conformer behind the model seam: Kaldi fbank and the global CMVN, the encoder, CTC prefix
+//! beam search, and attention rescoring of its candidates by the decoders (WeNet's runtime
+//! defaults, [`RescoringOptions`]).
+
+use std::any::Any;
+
+use candle_core::Tensor;
+
+use super::search::{ctc_prefix_beam_search, decoder_score, rescored, RescoringOptions};
+use super::{Conformer, UNITS};
+use crate::checkpoint::Checkpoint;
+use crate::error::{Error, Result};
+use crate::frontend::{Frontend, GlobalCmvn, KaldiFbank};
+use crate::models::exec::LinearExec;
+use crate::models::speech::{Decoding, SpeechModel};
+
+/// A U2++ Conformer with its units, frontend and decoding options.
+pub struct ConformerAsr {
+    pub model: Conformer,
+    pub units: Vec<String>,
+    pub frontend: KaldiFbank,
+    pub cmvn: Option<GlobalCmvn>,
+    pub blank: u32,
+    pub sos: u32,
+    pub eos: u32,
+    pub options: RescoringOptions,
+}
+
+impl ConformerAsr {
+    /// Builds the model from a full-precision Conformer checkpoint (any supported format).
+    pub fn new(ckpt: &Checkpoint) -> Result<Self> {
+        let model = Conformer::load(ckpt)?;
+        let features = ckpt.config.features.as_ref().ok_or_else(|| {
+            Error::corrupt(&ckpt.dir, "a Conformer checkpoint must name its `features`")
+        })?;
+        let frontend = match Frontend::from_spec(features)? {
+            Frontend::KaldiFbank(f) => f,
+            _ => {
+                return Err(Error::corrupt(
+                    &ckpt.dir,
+                    format!(
+                        "`features.kind` is {:?}; the Conformer's encoder takes kaldi_fbank",
+                        features.kind
+                    ),
+                ))
+            }
+        };
+        let cmvn = match &features.normalize {
+            None => None,
+            Some(n) => {
+                let stat = |key: &str| -> Result<Vec<f32>> {
+                    n.get(key)
+                        .and_then(|v| v.as_array())
+                        .map(|a| {
+                            a.iter()
+                                .filter_map(|v| v.as_f64())
+                                .map(|v| v as f32)
+                                .collect()
+                        })
+                        .ok_or_else(|| {
+                            Error::corrupt(
+                                &ckpt.dir,
+                                format!("`features.normalize.{key}` is not a list of numbers"),
+                            )
+                        })
+                };
+                Some(GlobalCmvn::from_mean_istd(stat("mean")?, stat("istd")?)?)
+            }
+        };
+        let units_path = ckpt
+            .tokenizer_files
+            .get("units")
+            .ok_or_else(|| Error::corrupt(&ckpt.dir, format!("no {UNITS}")))?;
+        let units = super::import::Units::read(units_path)?.tokens;
+        let d = &ckpt.config.decoding;
+        let id = |v: Option<u32>, key: &str| {
+            v.ok_or_else(|| Error::corrupt(&ckpt.dir, format!("`decoding.{key}` is missing")))
+        };
+        Ok(ConformerAsr {
+            model,
+            units,
+            frontend,
+            cmvn,
+            blank: id(d.blank_id, "blank_id")?,
+            sos: id(d.sos_id, "sos_id")?,
+            eos: id(d.eos_id, "eos_id")?,
+            options: RescoringOptions::default(),
+        })
+    }
+
+    /// The normalised features `[frames, input_dim]` of 16 kHz samples.
+    pub fn features(&self, samples: &[f32]) -> Result<(Vec<f32>, usize)> {
+        let fbank = self.frontend.compute(samples)?;
+        let mut data = fbank.data;
+        if let Some(cmvn) = &self.cmvn {
+            cmvn.apply(&mut data)?;
+        }
+        Ok((data, fbank.frames))
+    }
+}
+
+impl SpeechModel for ConformerAsr {
+    fn architecture(&self) -> &'static str {
+        super::NAME
+    }
+
+    fn sample_rate(&self) -> u32 {
+        16_000
+    }
+
+    /// The encoder needs at least one frame after the 4x subsampling (7 fbank frames, 0.085 s).
+    fn check_length(&self, what: &str, samples: usize) -> Result<()> {
+        let frames = crate::frontend::kaldi_fbank::num_frames(samples);
+        if frames < 7 {
+            return Err(Error::Model {
+                what: what.to_string(),
+                message: format!(
+                    "{samples} samples give {frames} fbank frames; the Conformer's subsampling needs at least 7"
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    fn encode(&self, exec: &mut dyn LinearExec, samples: &[f32]) -> Result<Tensor> {
+        let (features, frames) = self.features(samples)?;
+        self.model.encode(exec, &features, frames)
+    }
+
+    /// CTC prefix beam search, then attention rescoring of every candidate by the decoders (so
+    /// calibration observes the decoders on what they serve). The score rows are the CTC
+    /// frames' log-posteriors.
+    fn decode(
+        &self,
+        exec: &mut dyn LinearExec,
+        encoded: &Tensor,
+        _samples: usize,
+        keep_scores: bool,
+    ) -> Result<Decoding> {
+        let log_probs = self.model.ctc_log_probs(exec, encoded)?;
+        let candidates = ctc_prefix_beam_search(&log_probs, self.options.beam_size, self.blank);
+        let mut best: Option<(f64, Vec<u32>)> = None;
+        for (tokens, ctc) in candidates {
+            let left = decoder_score(
+                &self
+                    .model
+                    .decoder_log_probs(exec, 0, encoded, self.sos, &tokens)?,
+                &tokens,
+                self.eos,
+            );
+            // Both decoders run even at reverse_weight 0, as WeNet's attention rescoring does.
+            let right = if self.model.decoder_count() > 1 {
+                let reversed: Vec<u32> = tokens.iter().rev().copied().collect();
+                let rows = self
+                    .model
+                    .decoder_log_probs(exec, 1, encoded, self.sos, &reversed)?;
+                Some(decoder_score(&rows, &reversed, self.eos))
+            } else {
+                None
+            };
+            let score = rescored(left, right, ctc, &self.options);
+            if best.as_ref().is_none_or(|(b, _)| score > *b) {
+                best = Some((score, tokens));
+            }
+        }
+        Ok(Decoding {
+            tokens: best.map(|b| b.1).unwrap_or_default(),
+            scores: if keep_scores { log_probs } else { Vec::new() },
+            temperature: 0.0,
+            attempts: 1,
+            hit_limit: false,
+        })
+    }
+
+    /// The CTC frames' log-posteriors (they do not depend on the hypothesis), after the decoders
+    /// scored the hypothesis (so an observing executor sees them too).
+    fn score(
+        &self,
+        exec: &mut dyn LinearExec,
+        encoded: &Tensor,
+        tokens: &[u32],
+    ) -> Result<Vec<Vec<f32>>> {
+        let reversed: Vec<u32> = tokens.iter().rev().copied().collect();
+        for side in 0..self.model.decoder_count() {
+            let seq = if side == 0 { tokens } else { &reversed };
+            self.model
+                .decoder_log_probs(exec, side, encoded, self.sos, seq)?;
+        }
+        self.model.ctc_log_probs(exec, encoded)
+    }
+
+    /// The decoders scored every candidate of the beam, not only the kept one.
+    fn score_replays_decode(&self) -> bool {
+        false
+    }
+
+    /// The units joined; WeNet's word-piece marker `▁` becomes a space.
+    fn text(&self, tokens: &[u32]) -> Result<String> {
+        let mut text = String::new();
+        for &t in tokens {
+            let unit = self.units.get(t as usize).ok_or_else(|| Error::Model {
+                what: "units".into(),
+                message: format!("token {t} is outside the {} units", self.units.len()),
+            })?;
+            text.push_str(unit);
+        }
+        Ok(text.replace('▁', " ").trim().to_string())
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+/// The registry's loader.
+pub(crate) fn load(ckpt: &Checkpoint) -> Result<Box<dyn SpeechModel>> {
+    Ok(Box::new(ConformerAsr::new(ckpt)?))
+}

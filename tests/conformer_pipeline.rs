@@ -1,0 +1,187 @@
+//! The Conformer through the whole pipeline, on the ESPnet-built small model
+//! (tests/fixtures/wenet/espnet/wenet-small, seeded random weights) and two real clips:
+//! transcribe, every recipe (calibrated on the clips), verify, and the smoothed full-precision
+//! model computing the same function. Random weights: evidence of structure and numerics, never
+//! of accuracy.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use oasr_quantize::algorithms::smoothquant::RuntimeSmoothedExec;
+use oasr_quantize::checkpoint::Checkpoint;
+use oasr_quantize::models::conformer::ConformerAsr;
+use oasr_quantize::models::exec::FullPrecision;
+use oasr_quantize::models::SpeechModel;
+use oasr_quantize::numerics::OutDtype;
+use oasr_quantize::verify::verify;
+use oasr_quantize::{Manifest, Quantizer};
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/wenet")
+}
+
+fn model() -> PathBuf {
+    fixtures().join("espnet/wenet-small")
+}
+
+/// The two fixture clips as a manifest (the texts are their transcripts; the random model does
+/// not produce them).
+fn manifest(dir: &Path) -> PathBuf {
+    let path = dir.join("clips.jsonl");
+    let clips = fixtures();
+    std::fs::write(
+        &path,
+        format!(
+            "{{\"id\": \"bobby\", \"audio\": \"{}\", \"text\": \"Bobby ripped the ledger\"}}\n\
+             {{\"id\": \"goforward\", \"audio\": \"{}\", \"text\": \"go forward ten meters\"}}\n",
+            clips.join("praatio-bobby.wav").display(),
+            clips.join("pocketsphinx-goforward.wav").display()
+        ),
+    )
+    .unwrap();
+    path
+}
+
+#[test]
+fn transcribe_runs_the_search_and_the_rescoring() {
+    let tmp = tempfile::tempdir().unwrap();
+    let m = Manifest::read(&manifest(tmp.path()), None).unwrap();
+    let report =
+        oasr_quantize::transcribe::transcribe_manifest(&model(), &m, None, |_, _, _| {}).unwrap();
+    assert_eq!(report.utterances.len(), 2);
+    // The rescored hypothesis is one of the beam's candidates: non-empty on real speech here.
+    assert!(report.utterances.iter().all(|u| u.tokens > 0));
+}
+
+#[test]
+fn every_recipe_quantizes_and_verifies_the_conformer() {
+    let tmp = tempfile::tempdir().unwrap();
+    let manifest_path = manifest(tmp.path());
+    let m = Manifest::read(&manifest_path, None).unwrap();
+    for recipe in [
+        "int8_w8a8_rtn",
+        "fp8_w8a8_rtn",
+        "smoothquant_w8a8",
+        "smoothquant_fp8_w8a8",
+        "smoothquant_w8a8_fused",
+        "smoothquant_fp8_w8a8_fused",
+    ] {
+        let dst = tmp.path().join(recipe);
+        let mut q = Quantizer::new(model(), &dst).recipe(recipe);
+        if !recipe.ends_with("rtn") {
+            q = q.calib_manifest(&manifest_path);
+        }
+        q.run().unwrap();
+        let ckpt = Checkpoint::open(&dst).unwrap();
+        let spec = ckpt.config.quantization.as_ref().unwrap();
+        // 2 blocks x 8 + 2 decoders x 1 block x 10.
+        assert_eq!(spec.layers.len(), 2 * 8 + 2 * 10, "{recipe}");
+        let report = verify(&dst, &model(), &m, None, OutDtype::F16, |_, _, _| {}).unwrap();
+        assert_eq!(report.nonfinite, 0, "{recipe}");
+        assert!(report.teacher_forced.steps > 0);
+        assert!(
+            report.teacher_forced.cosine_mean > 0.9,
+            "{recipe}: CTC log-posterior cosine {}",
+            report.teacher_forced.cosine_mean
+        );
+        if recipe.contains("fused") {
+            // Both feed-forward chains of each block (swish) and the decoders' (ReLU) may arm.
+            let acts: Vec<_> = spec
+                .links
+                .gemm_chains
+                .iter()
+                .map(|c| c.activation)
+                .collect();
+            assert!(
+                acts.iter()
+                    .all(|a| a.name() == "swish" || a.name() == "relu"),
+                "{acts:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn the_smoothed_full_precision_conformer_computes_the_same_function() {
+    use oasr_quantize::algorithms::{smoothquant, WorkingTensors};
+    use oasr_quantize::calibration::{self, AbsMaxObserver, CalibrationSet};
+    use oasr_quantize::checkpoint::Tensor;
+    let tmp = tempfile::tempdir().unwrap();
+    let m = Manifest::read(&manifest(tmp.path()), None).unwrap();
+    let source = Checkpoint::open(&model()).unwrap();
+    let t = ConformerAsr::new(&source).unwrap();
+    let set = CalibrationSet::select(&m, 2, 16000).unwrap();
+    let observed: AbsMaxObserver =
+        calibration::observe(&t, &set, || FullPrecision, |_, _, _| {}).unwrap();
+    let layout = oasr_quantize::layout_of(&source).unwrap();
+    // Every quantizable GEMM input was observed, both decoders' included.
+    for l in layout
+        .layers
+        .iter()
+        .filter(|l| !l.name.contains("embed.convs"))
+    {
+        assert!(
+            observed.absmax.contains_key(&l.name),
+            "{} not observed",
+            l.name
+        );
+    }
+    let quantized: std::collections::HashSet<String> = layout
+        .layers
+        .iter()
+        .filter(|l| !l.name.contains("embed.convs"))
+        .map(|l| l.name.clone())
+        .collect();
+    let mut working = WorkingTensors::new(&source);
+    let groups = smoothquant::plan(&layout, &quantized, &observed, &working, 0.5).unwrap();
+    // Every group of the layout: folds into norms, V rows (fused and not), producer rows across
+    // ReLU, and runtime smoothers.
+    assert_eq!(groups.len(), layout.smooth_groups.len());
+    let inv = smoothquant::apply(&groups, &mut working).unwrap();
+    let mut smoothed = source.clone();
+    for (name, values) in working.changed_tensors() {
+        let shape = source.tensors[name].shape.clone();
+        smoothed
+            .tensors
+            .insert(name.to_string(), Tensor::from_f32(shape, values));
+    }
+    let ts = ConformerAsr::new(&smoothed).unwrap();
+    for u in &m.utterances {
+        let samples = t.read(u).unwrap();
+        let a = t.transcribe(&mut FullPrecision, &samples, true).unwrap();
+        let mut exec = RuntimeSmoothedExec { smooth_inv: &inv };
+        let b = ts.transcribe(&mut exec, &samples, true).unwrap();
+        let worst = a
+            .scores
+            .iter()
+            .flatten()
+            .zip(b.scores.iter().flatten())
+            .map(|(x, y)| (x - y).abs())
+            .fold(0f32, f32::max);
+        assert!(worst < 1e-3, "{}: {worst}", u.id);
+        assert_eq!(a.tokens, b.tokens, "{}", u.id);
+        // The decoders too: the rescoring scores of the chosen hypothesis.
+        let (ea, eb) = (
+            t.encode(&mut FullPrecision, &samples).unwrap(),
+            ts.encode(&mut exec, &samples).unwrap(),
+        );
+        for side in 0..2 {
+            let la = t
+                .model
+                .decoder_log_probs(&mut FullPrecision, side, &ea, t.sos, &a.tokens)
+                .unwrap();
+            let lb = ts
+                .model
+                .decoder_log_probs(&mut exec, side, &eb, ts.sos, &a.tokens)
+                .unwrap();
+            let worst = la
+                .iter()
+                .flatten()
+                .zip(lb.iter().flatten())
+                .map(|(x, y)| (x - y).abs())
+                .fold(0f32, f32::max);
+            assert!(worst < 1e-3, "{} decoder {side}: {worst}", u.id);
+        }
+    }
+}
