@@ -64,6 +64,9 @@ pub struct Profile {
 pub struct GateEntry {
     pub name: String,
     pub recipe: String,
+    /// The model this entry quantizes, when not the gate's (for example another architecture);
+    /// a path that expands to nothing (`${OASR_WENET_MODEL:-}` unset) skips the entry, visibly.
+    pub model: Option<String>,
     /// `--option` assignments, e.g. `"smoothquant.alpha" = "0.5"`.
     #[serde(default)]
     pub options: BTreeMap<String, String>,
@@ -108,6 +111,8 @@ pub struct GateConfig {
     pub tolerance: f64,
     pub profiles: BTreeMap<String, Profile>,
     pub entries: Vec<GateEntry>,
+    /// Each entry's model: the gate's, its own, or `None` when its own path is not configured.
+    pub entry_models: BTreeMap<String, Option<PathBuf>>,
 }
 
 impl GateConfig {
@@ -193,14 +198,29 @@ impl GateConfig {
                 })
             })
             .collect::<Result<_>>()?;
+        let model = resolve("model", &file.model)?;
+        let mut entry_models = BTreeMap::new();
+        for e in &file.entries {
+            let own = match &e.model {
+                None => Some(model.clone()),
+                Some(value) => {
+                    let key = format!("entry `{}`: `model`", e.name);
+                    let expanded =
+                        expand(value).map_err(|m| Error::corrupt(path, format!("{key}: {m}")))?;
+                    (!expanded.trim().is_empty()).then(|| base.join(expanded))
+                }
+            };
+            entry_models.insert(e.name.clone(), own);
+        }
         Ok(GateConfig {
             path: path.to_path_buf(),
-            model: resolve("model", &file.model)?,
+            model,
             calib_manifest: resolve("calib_manifest", &file.calib_manifest)?,
             sets,
             tolerance: file.tolerance,
             profiles: file.profiles,
             entries: file.entries,
+            entry_models,
         })
     }
 }
@@ -299,6 +319,15 @@ pub struct GateReport {
     pub tolerance: f64,
     /// Per entry, then per set.
     pub results: Vec<GateResult>,
+    /// Entries that did not run, with why (a model path that is not configured).
+    pub skipped: Vec<SkippedEntry>,
+}
+
+/// An entry a gate run did not run.
+#[derive(Clone, Debug, Serialize)]
+pub struct SkippedEntry {
+    pub name: String,
+    pub reason: String,
 }
 
 impl GateReport {
@@ -361,17 +390,29 @@ pub fn run_gate(
         .collect();
     std::fs::create_dir_all(&options.work_dir).map_err(|e| Error::io(&options.work_dir, e))?;
     let mut results = Vec::new();
+    let mut skipped = Vec::new();
     for entry in &config.entries {
         if !options.only.is_empty() && !options.only.contains(&entry.name) {
             continue;
         }
+        let Some(model) = config.entry_models.get(&entry.name).cloned().flatten() else {
+            skipped.push(SkippedEntry {
+                name: entry.name.clone(),
+                reason: format!(
+                    "its model path `{}` is not configured (set the variable it names to a \
+                     model directory to run it)",
+                    entry.model.as_deref().unwrap_or_default()
+                ),
+            });
+            continue;
+        };
         let dst = options.work_dir.join(&entry.name);
         let in_entry = |e: Error| Error::GateEntry {
             entry: entry.name.clone(),
             error: Box::new(e),
         };
         let started = std::time::Instant::now();
-        quantizer_for(config, profile, entry, &dst, progress.clone())
+        quantizer_for(config, &model, profile, entry, &dst, progress.clone())
             .and_then(Quantizer::run)
             .map_err(in_entry)?;
         let quantize_seconds = started.elapsed().as_secs_f64();
@@ -379,7 +420,7 @@ pub fn run_gate(
             let stage = format!("verifying {}", set.name);
             let report = verify(
                 &dst,
-                &config.model,
+                &model,
                 manifest,
                 limit,
                 options.served,
@@ -411,6 +452,7 @@ pub fn run_gate(
         gate_utterances,
         tolerance: config.tolerance,
         results,
+        skipped,
     })
 }
 
@@ -443,13 +485,14 @@ fn compare_baselines(config: &GateConfig, results: &mut [GateResult]) {
 
 fn quantizer_for(
     config: &GateConfig,
+    model: &Path,
     profile: &Profile,
     entry: &GateEntry,
     dst: &Path,
     progress: GateProgressFn,
 ) -> Result<Quantizer> {
     let recipe = Recipe::load(&entry.recipe)?;
-    let mut q = Quantizer::new(&config.model, dst)
+    let mut q = Quantizer::new(model, dst)
         .recipe(&entry.recipe)
         .quantize_kept(entry.quantize_kept)
         .overwrite(true);

@@ -762,6 +762,9 @@ fn gate(args: GateArgs) -> Result<()> {
             println!("{:<24} {f}", "");
         }
     }
+    for skipped in &report.skipped {
+        println!("{:<24} SKIPPED: {}", skipped.name, skipped.reason);
+    }
     println!(
         "(cosine and top-1 are teacher-forced and free-running, respectively; WER in percent)"
     );

@@ -191,3 +191,52 @@ fn gate_refuses_bad_input_by_name() {
     let (ok, _, err) = cli(&["gate", bad_baseline.to_str().unwrap(), "--profile", "tiny"]);
     assert!(!ok && err.contains("`not_below` names `int8_rtn`"), "{err}");
 }
+
+#[test]
+fn an_entry_with_its_own_model_runs_when_configured_and_is_skipped_visibly_when_not() {
+    let tmp = tempfile::tempdir().unwrap();
+    // The ESPnet-built small Conformer (seeded weights) beside Whisper's entry.
+    let conformer = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/wenet/espnet/wenet-small");
+    let gate = gate_file(
+        tmp.path(),
+        "\n[[entry]]\nname = 'conformer_rtn'\nmodel = '${OASR_GATE_TEST_CONFORMER:-}'\nrecipe = 'int8_w8a8_rtn'\n",
+    );
+    let g = gate.to_str().unwrap();
+    let (ok, out, _) = cli(&["gate", g, "--profile", "one", "--record"]);
+    assert!(ok, "{out}");
+    assert!(
+        out.contains("conformer_rtn")
+            && out.contains(
+                "SKIPPED: its model path `${OASR_GATE_TEST_CONFORMER:-}` is not configured"
+            ),
+        "{out}"
+    );
+    let config = oasr_quantize::gate::GateConfig::load(&gate).unwrap();
+    assert_eq!(config.entry_models["conformer_rtn"], None);
+
+    std::env::set_var("OASR_GATE_TEST_CONFORMER", &conformer);
+    let config = oasr_quantize::gate::GateConfig::load(&gate).unwrap();
+    assert_eq!(
+        config.entry_models["conformer_rtn"].as_deref(),
+        Some(conformer.as_path())
+    );
+    let options = oasr_quantize::gate::GateOptions {
+        profile: "one".into(),
+        only: vec!["conformer_rtn".into()],
+        work_dir: tmp.path().join("work"),
+        served: oasr_quantize::numerics::OutDtype::F16,
+    };
+    let report =
+        oasr_quantize::gate::run_gate(&config, &options, std::sync::Arc::new(|_: &_| {})).unwrap();
+    assert!(report.skipped.is_empty());
+    assert_eq!(report.results.len(), 1);
+    let r = &report.results[0];
+    assert_eq!(r.verify.nonfinite, 0);
+    // A random-weight model: a reference is still missing, and the gate says so.
+    assert!(
+        r.failures.iter().any(|f| f.contains("no reference WER")),
+        "{:?}",
+        r.failures
+    );
+}

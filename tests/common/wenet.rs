@@ -169,12 +169,7 @@ fn values(seed: &mut u64, n: usize) -> Vec<f32> {
 /// Writes the whole directory for `g` (the current `train.yaml` layout unless `old_layout`),
 /// with the CMVN statistics stored in the model agreeing with `global_cmvn`. `edit` may change
 /// the state dict (name, shape, values) before it is written.
-pub fn write_dir(
-    dir: &Path,
-    g: &Geometry,
-    old_layout: bool,
-    edit: impl FnOnce(&mut StateDict),
-) {
+pub fn write_dir(dir: &Path, g: &Geometry, old_layout: bool, edit: impl FnOnce(&mut StateDict)) {
     std::fs::create_dir_all(dir).unwrap();
     let mut seed = 0x9E37_79B9_7F4A_7C15u64;
     // CMVN: mean_stat = frame_num · mean, var_stat = frame_num · (var + mean²).
