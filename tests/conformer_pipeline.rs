@@ -86,6 +86,10 @@ fn every_recipe_quantizes_and_verifies_the_conformer() {
             report.teacher_forced.cosine_mean
         );
         if recipe.contains("fused") {
+            // The armed links compute exactly what the unfused pairs do, on a real clip.
+            let dtype = spec.layers.values().next().unwrap().scheme.dtype();
+            common::links::check_links_are_bit_identical(&dst, spec, dtype, &m.utterances[0]);
+            assert!(!spec.links.gemm_chains.is_empty() && !spec.links.fused_norms.is_empty());
             // Both feed-forward chains of each block (swish) and the decoders' (ReLU) may arm.
             let acts: Vec<_> = spec
                 .links
@@ -104,12 +108,26 @@ fn every_recipe_quantizes_and_verifies_the_conformer() {
 
 #[test]
 fn the_smoothed_full_precision_conformer_computes_the_same_function() {
+    assert_smoothed_model_is_the_same_function(&model());
+}
+
+#[test]
+fn the_smoothed_standard_conformer_computes_the_same_function() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("standard");
+    common::wenet::write_dir(&dir, &common::wenet::Geometry::standard(), false, |_| {});
+    assert_smoothed_model_is_the_same_function(&dir);
+}
+
+/// SmoothQuant's folds and runtime smoothers (calibrated on the two clips) leave the model's
+/// function unchanged: the CTC log-posteriors, the chosen hypothesis and both decoders' scores.
+fn assert_smoothed_model_is_the_same_function(dir: &Path) {
     use oasr_quantize::algorithms::{smoothquant, WorkingTensors};
     use oasr_quantize::calibration::{self, AbsMaxObserver, CalibrationSet};
     use oasr_quantize::checkpoint::Tensor;
     let tmp = tempfile::tempdir().unwrap();
     let m = Manifest::read(&manifest(tmp.path()), None).unwrap();
-    let source = Checkpoint::open(&model()).unwrap();
+    let source = Checkpoint::open(dir).unwrap();
     let t = ConformerAsr::new(&source).unwrap();
     let set = CalibrationSet::select(&m, 2, 16000).unwrap();
     let observed: AbsMaxObserver =

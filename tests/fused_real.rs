@@ -3,16 +3,13 @@
 
 mod common;
 
-use std::collections::BTreeMap;
 use std::path::Path;
 
-use candle_core::Tensor as CandleTensor;
 use oasr_quantize::checkpoint::{Checkpoint, DType};
 use oasr_quantize::format::{ModuleKind, QuantizationSpec, Scheme, SmoothFold};
-use oasr_quantize::models::exec::{Linear, LinearExec};
-use oasr_quantize::numerics::{self, ActScale, Activation, GemmEpilogue, OutDtype, QuantDtype};
+use oasr_quantize::numerics::{self, OutDtype, QuantDtype};
 use oasr_quantize::report::QuantizationReport;
-use oasr_quantize::verify::{verify, QuantizedModel};
+use oasr_quantize::verify::verify;
 use oasr_quantize::Manifest;
 use oasr_quantize::{Error, Quantizer};
 
@@ -30,6 +27,12 @@ fn fused(recipe: &str, dst: &Path, options: &[&str]) -> QuantizationReport {
         q = q.option(*o);
     }
     q.run().unwrap().report.unwrap()
+}
+
+/// The first gate utterance, on which the links are checked.
+fn gate_utterance() -> oasr_quantize::Utterance {
+    let (_, gate) = common::manifests();
+    Manifest::read(&gate, None).unwrap().utterances[0].clone()
 }
 
 fn f32s(ckpt: &Checkpoint, name: &str) -> Vec<f32> {
@@ -163,216 +166,6 @@ fn check_fused_checkpoint(
     spec
 }
 
-/// Records the first input and output of every layer while an inner executor runs them.
-struct Recorder<E> {
-    inner: E,
-    inputs: BTreeMap<String, (Vec<f32>, usize, usize)>,
-    outputs: BTreeMap<String, Vec<f32>>,
-}
-
-impl<E: LinearExec> Recorder<E> {
-    fn keep(&mut self, name: &str, x: &CandleTensor, y: &CandleTensor) {
-        if !self.inputs.contains_key(name) {
-            let (rows, cols) = x.dims2().unwrap();
-            let flat = |t: &CandleTensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
-            self.inputs.insert(name.into(), (flat(x), rows, cols));
-            self.outputs.insert(name.into(), flat(y));
-        }
-    }
-}
-
-impl<E: LinearExec> LinearExec for Recorder<E> {
-    fn linear(&mut self, layer: &Linear, x: &CandleTensor) -> oasr_quantize::Result<CandleTensor> {
-        let y = self.inner.linear(layer, x)?;
-        self.keep(&layer.name, x, &y);
-        Ok(y)
-    }
-
-    fn linear_act(
-        &mut self,
-        layer: &Linear,
-        x: &CandleTensor,
-        activation: Activation,
-    ) -> oasr_quantize::Result<CandleTensor> {
-        let y = self.inner.linear_act(layer, x, activation)?;
-        self.keep(&layer.name, x, &y);
-        Ok(y)
-    }
-}
-
-/// A quantized layer's tensors as stored.
-struct Stored {
-    codes: Vec<u8>,
-    weight_scale: Vec<f32>,
-    bias: Option<Vec<f32>>,
-    smooth_inv: Option<Vec<f32>>,
-    input_scale: Option<f32>,
-    n: usize,
-}
-
-fn stored(ckpt: &Checkpoint, layer: &str) -> Stored {
-    let get = |key: &str| ckpt.tensors.get(&format!("{layer}.{key}"));
-    let weight = get("weight").unwrap();
-    Stored {
-        codes: weight.bytes().to_vec(),
-        weight_scale: get("weight_scale").unwrap().to_f32(),
-        bias: get("bias").map(|t| t.to_f32()),
-        smooth_inv: get("smooth_inv").map(|t| t.to_f32()),
-        input_scale: get("input_scale").map(|t| t.to_f32()[0]),
-        n: weight.shape[0],
-    }
-}
-
-fn bits(v: &[f32]) -> Vec<u32> {
-    v.iter().map(|x| x.to_bits()).collect()
-}
-
-/// The fused GEMM chain and the fused norm, on real activations, give exactly what the unfused
-/// pairs give (as the verify run computes them), bit for bit.
-fn check_links_are_bit_identical(dst: &Path, spec: &QuantizationSpec, dtype: QuantDtype) {
-    let served = OutDtype::F16;
-    let (_, gate) = common::manifests();
-    let manifest = Manifest::read(&gate, None).unwrap();
-    let model = QuantizedModel::load(dst).unwrap();
-    let ckpt = Checkpoint::open(dst).unwrap();
-    let mut rec = Recorder {
-        inner: model.exec(served),
-        inputs: BTreeMap::new(),
-        outputs: BTreeMap::new(),
-    };
-    let t = &model.model;
-    let samples = t.read(&manifest.utterances[0]).unwrap();
-    t.transcribe(&mut rec, &samples, false).unwrap();
-
-    for chain in &spec.links.gemm_chains {
-        let (p, c) = (
-            stored(&ckpt, &chain.producer),
-            stored(&ckpt, &chain.consumer),
-        );
-        let (x, m, k) = &rec.inputs[&chain.producer];
-        // The producer's input comes from its fused norm.
-        let a = numerics::norm_quant_per_token(x, *m, *k, served, dtype);
-        fn epi(bias: &Option<Vec<f32>>, activation: Activation) -> GemmEpilogue<'_> {
-            GemmEpilogue {
-                bias: bias.as_deref(),
-                activation,
-                out: OutDtype::F16,
-            }
-        }
-        let scale = c.input_scale.unwrap();
-        // Fused: the producer emits the consumer's codes; the consumer multiplies them.
-        let codes = numerics::scaled_mm_quant(
-            dtype,
-            &a.codes,
-            ActScale::PerRow(&a.scales),
-            &p.codes,
-            &p.weight_scale,
-            *m,
-            p.n,
-            *k,
-            &epi(&p.bias, Activation::Gelu),
-            c.smooth_inv.as_deref(),
-            scale,
-            dtype,
-        );
-        let out: Vec<f32> = numerics::scaled_mm(
-            dtype,
-            &codes,
-            ActScale::PerTensor(scale),
-            &c.codes,
-            &c.weight_scale,
-            *m,
-            c.n,
-            p.n,
-            &epi(&c.bias, Activation::None),
-        )
-        .into_iter()
-        .map(|b| numerics::out_bits_to_f32(served, b))
-        .collect();
-        // Unfused, as verify ran it: the producer's scaled_mm (GELU in the epilogue, rounded to
-        // f16), then the consumer's own static quantize of that output.
-        let (y, _, _) = &rec.inputs[&chain.consumer];
-        assert_eq!(
-            bits(y),
-            bits(&rec.outputs[&chain.producer]),
-            "{}",
-            chain.producer
-        );
-        assert_eq!(
-            numerics::quantize_static(y, *m, p.n, c.smooth_inv.as_deref(), scale, dtype),
-            codes,
-            "{}",
-            chain.consumer
-        );
-        assert_eq!(
-            bits(&out),
-            bits(&rec.outputs[&chain.consumer]),
-            "{}",
-            chain.consumer
-        );
-    }
-
-    let chain_producers: Vec<&str> = spec
-        .links
-        .gemm_chains
-        .iter()
-        .map(|c| c.producer.as_str())
-        .collect();
-    for norm in &spec.links.fused_norms {
-        let first = &norm.consumers[0];
-        let (x, m, k) = &rec.inputs[first];
-        // One emission of the fused norm serves every consumer.
-        let emitted = numerics::norm_quant_per_token(x, *m, *k, served, norm.dtype);
-        for consumer in &norm.consumers {
-            let (xc, _, _) = &rec.inputs[consumer];
-            assert_eq!(bits(xc), bits(x), "{consumer} reads the norm's output");
-            // Unfused: the norm writes f16, the consumer quantizes it with its own rule.
-            let s = stored(&ckpt, consumer);
-            let written: Vec<f32> = x
-                .iter()
-                .map(|&v| numerics::out_bits_to_f32(served, numerics::round_to_out(served, v)))
-                .collect();
-            let own = numerics::quantize_per_token(
-                &written,
-                *m,
-                *k,
-                s.smooth_inv.as_deref(),
-                spec.layers[consumer].scheme.dtype(),
-            );
-            assert_eq!(own, emitted, "{consumer}");
-            let out: Vec<f32> = numerics::scaled_mm(
-                norm.dtype,
-                &emitted.codes,
-                ActScale::PerRow(&emitted.scales),
-                &s.codes,
-                &s.weight_scale,
-                *m,
-                s.n,
-                *k,
-                &GemmEpilogue {
-                    bias: s.bias.as_deref(),
-                    // A consumer that produces a chain (fc1) applies GELU in its epilogue.
-                    activation: if chain_producers.contains(&consumer.as_str()) {
-                        Activation::Gelu
-                    } else {
-                        Activation::None
-                    },
-                    out: served,
-                },
-            )
-            .into_iter()
-            .map(|b| numerics::out_bits_to_f32(served, b))
-            .collect();
-            let mut out = out;
-            if consumer.ends_with(".fc1") && !chain_producers.contains(&consumer.as_str()) {
-                // An fc1 outside an armed chain writes its output; GELU then runs in f32.
-                numerics::gelu_in_place(&mut out);
-            }
-            assert_eq!(bits(&out), bits(&rec.outputs[consumer]), "{consumer}");
-        }
-    }
-}
-
 /// Runs verify on the first `limit` gate utterances; `close` asserts agreement with full
 /// precision, otherwise only that the quantized numerics ran and stayed finite.
 fn check_verify(dst: &Path, limit: usize, close: bool) {
@@ -426,7 +219,7 @@ fn int8_fused_recipe_writes_static_fc2_armed_chains_and_bit_identical_links() {
         spec.producer.algorithms[0].options["static_alpha"],
         serde_json::json!(0.7)
     );
-    check_links_are_bit_identical(&dst, &spec, QuantDtype::Int8);
+    common::links::check_links_are_bit_identical(&dst, &spec, QuantDtype::Int8, &gate_utterance());
     // Int8 scales from 4 utterances do not cover unseen audio: Whisper's encoder fc2 inputs
     // reach tens of times the calibrated max on some utterances and saturate (docs/accuracy.md),
     // so closeness is measured on 128 utterances there, not asserted here.
@@ -445,7 +238,12 @@ fn fp8_fused_recipe_takes_headroom_and_stays_close() {
         .iter()
         .filter_map(|l| l.static_input.as_ref())
         .any(|s| s.clip_to_max >= 2.0));
-    check_links_are_bit_identical(&dst, &spec, QuantDtype::Float8E4m3fn);
+    common::links::check_links_are_bit_identical(
+        &dst,
+        &spec,
+        QuantDtype::Float8E4m3fn,
+        &gate_utterance(),
+    );
     check_verify(&dst, 2, true);
 }
 

@@ -372,4 +372,5 @@ pub fn zip_set_entry_header(zip: &mut [u8], name: &str, flags: u16, method: u16)
     assert_eq!(patched, 2, "entry {name} not found");
 }
 
+pub mod links;
 pub mod wenet;
