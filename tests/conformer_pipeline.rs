@@ -203,3 +203,51 @@ fn assert_smoothed_model_is_the_same_function(dir: &Path) {
         }
     }
 }
+
+#[test]
+fn a_conformer_spec_that_disagrees_with_the_layout_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let manifest_path = manifest(tmp.path());
+    let dst = tmp.path().join("fused");
+    Quantizer::new(model(), &dst)
+        .recipe("smoothquant_w8a8_fused")
+        .calib_manifest(&manifest_path)
+        .run()
+        .unwrap();
+    let config = dst.join("oasr_config.json");
+    let original = std::fs::read_to_string(&config).unwrap();
+    let edit = |f: &dyn Fn(&mut serde_json::Value)| {
+        let mut v: serde_json::Value = serde_json::from_str(&original).unwrap();
+        f(&mut v);
+        std::fs::write(&config, serde_json::to_string_pretty(&v).unwrap()).unwrap();
+        Checkpoint::open(&dst).unwrap_err().to_string()
+    };
+    // A chain recorded with another activation than the forward applies (GELU is the default).
+    let e = edit(&|v| {
+        let chains = v["quantization"]["links"]["gemm_chains"]
+            .as_array_mut()
+            .unwrap();
+        assert!(!chains.is_empty());
+        chains[0].as_object_mut().unwrap().remove("activation");
+    });
+    assert!(
+        e.contains("gemm_chains") && e.contains("`gelu`") && e.contains("U2++ Conformer"),
+        "{e}"
+    );
+    // A layer the layout does not quantize.
+    let e = edit(&|v| {
+        let layers = v["quantization"]["layers"].as_object_mut().unwrap();
+        let mut any = layers.values().next().unwrap().clone();
+        any["input_quantized_by"] = serde_json::Value::Null;
+        any["smoothed_into"] = serde_json::Value::Null;
+        any["smooth"] = "none".into();
+        layers.insert("encoder.embed.out".into(), any);
+    });
+    assert!(
+        e.contains("quantization.layers.encoder.embed.out")
+            && e.contains("not a quantizable layer"),
+        "{e}"
+    );
+    std::fs::write(&config, &original).unwrap();
+    Checkpoint::open(&dst).unwrap();
+}

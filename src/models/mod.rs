@@ -10,7 +10,11 @@ pub mod whisper;
 pub use registry::load;
 pub use speech::{Decoding, SpeechModel};
 
-use crate::format::{ModuleKind, SmoothFold};
+use std::collections::HashSet;
+use std::path::Path;
+
+use crate::error::{Error, Result};
+use crate::format::{ModuleKind, QuantizationSpec, SmoothFold};
 use crate::numerics::Activation;
 
 /// A quantizable layer: a GEMM (linear or pointwise conv) or a convolution.
@@ -71,6 +75,99 @@ pub struct QuantizationLayout {
 }
 
 impl QuantizationLayout {
+    /// Checks a quantization spec (`path`'s) against this layout: every quantized layer is a
+    /// quantizable layer of the model, of its kind; every `smoothed_into` names one of the
+    /// model's `modules` (its tensors' module paths); every fused norm is a norm the layout lets
+    /// emit its consumers' 8-bit input; every GEMM chain is one of the layout's, with its
+    /// activation. `model` names the architecture in the errors.
+    pub(crate) fn check_spec(
+        &self,
+        path: &Path,
+        modules: &HashSet<String>,
+        spec: &QuantizationSpec,
+        model: &str,
+    ) -> Result<()> {
+        for (name, layer) in &spec.layers {
+            let key = format!("quantization.layers.{name}");
+            let Some(known) = self.layers.iter().find(|l| &l.name == name) else {
+                return Err(Error::config_key(
+                    path,
+                    key,
+                    format!("is not a quantizable layer of this {model}"),
+                ));
+            };
+            if known.kind != layer.kind {
+                return Err(Error::config_key(
+                    path,
+                    format!("{key}.kind"),
+                    format!(
+                        "is {}; the layer is a {}",
+                        layer.kind.name(),
+                        known.kind.name()
+                    ),
+                ));
+            }
+            if let Some(into) = &layer.smoothed_into {
+                if !modules.contains(into) {
+                    return Err(Error::config_key(
+                        path,
+                        format!("{key}.smoothed_into"),
+                        format!("`{into}` is not a module of this {model}"),
+                    ));
+                }
+            }
+        }
+        for norm in &spec.links.fused_norms {
+            let fusable = self
+                .smooth_groups
+                .iter()
+                .any(|g| g.fuse_output_quant && g.producer.as_deref() == Some(norm.norm.as_str()));
+            if !fusable {
+                return Err(Error::config_key(
+                    path,
+                    "quantization.links.fused_norms",
+                    format!(
+                        "`{}` is not a norm of this {model} that may emit its consumers' 8-bit input",
+                        norm.norm
+                    ),
+                ));
+            }
+        }
+        for chain in &spec.links.gemm_chains {
+            let known = self
+                .gemm_chains
+                .iter()
+                .find(|c| c.producer == chain.producer && c.consumer == chain.consumer);
+            match known {
+                None => {
+                    return Err(Error::config_key(
+                        path,
+                        "quantization.links.gemm_chains",
+                        format!(
+                            "`{}` -> `{}` is not a GEMM chain of this {model}",
+                            chain.producer, chain.consumer
+                        ),
+                    ))
+                }
+                Some(c) if c.activation != chain.activation => {
+                    return Err(Error::config_key(
+                        path,
+                        "quantization.links.gemm_chains",
+                        format!(
+                            "`{}` -> `{}` records the activation `{}`; this {model} applies `{}`",
+                            chain.producer,
+                            chain.consumer,
+                            chain.activation.name(),
+                            c.activation.name()
+                        ),
+                    ))
+                }
+                Some(_) => {}
+            }
+        }
+        Ok(())
+    }
+
     /// Whether `layer` runs in the model's search (see `decode_step_layers`).
     pub fn in_decode_step(&self, layer: &str) -> bool {
         self.decode_step_layers.iter().any(|l| l == layer)

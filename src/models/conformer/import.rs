@@ -776,6 +776,18 @@ pub(crate) fn open_native(parts: &NativeParts<'_>) -> Result<BTreeMap<String, Te
             ),
         ));
     }
+    if let Some(spec) = &parts.config.quantization {
+        let modules = expected_tensors(&c)
+            .into_iter()
+            .filter_map(|(n, _)| n.strip_suffix(".weight").map(str::to_string))
+            .collect();
+        super::quantization_layout(&c).check_spec(
+            parts.config_path,
+            &modules,
+            spec,
+            "U2++ Conformer",
+        )?;
+    }
     let tensors = safetensors_io::read(parts.weights_path)?;
     let quantized = parts
         .config

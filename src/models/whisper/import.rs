@@ -445,69 +445,16 @@ pub(crate) fn validate_spec(
     model: &WhisperConfig,
     spec: &QuantizationSpec,
 ) -> Result<()> {
-    let layout = crate::models::whisper::quantization_layout(model);
-    let tensors: std::collections::HashSet<String> = expected_tensors(model)
+    let modules = expected_tensors(model)
         .into_iter()
-        .map(|(n, _)| n)
+        .filter_map(|(n, _)| n.strip_suffix(".weight").map(str::to_string))
         .collect();
-    for (name, layer) in &spec.layers {
-        let key = format!("quantization.layers.{name}");
-        let Some(known) = layout.layers.iter().find(|l| &l.name == name) else {
-            return Err(Error::config_key(
-                path,
-                key,
-                "is not a quantizable layer of this Whisper model",
-            ));
-        };
-        if known.kind != layer.kind {
-            return Err(Error::config_key(
-                path,
-                format!("{key}.kind"),
-                format!(
-                    "is {}; the layer is a {}",
-                    layer.kind.name(),
-                    known.kind.name()
-                ),
-            ));
-        }
-        if let Some(into) = &layer.smoothed_into {
-            if !tensors.contains(&format!("{into}.weight")) {
-                return Err(Error::config_key(
-                    path,
-                    format!("{key}.smoothed_into"),
-                    format!("`{into}` is not a module of this Whisper model"),
-                ));
-            }
-        }
-    }
-    for norm in &spec.links.fused_norms {
-        if !(norm.norm.ends_with("layer_norm")
-            && tensors.contains(&format!("{}.weight", norm.norm)))
-        {
-            return Err(Error::config_key(
-                path,
-                "quantization.links.fused_norms",
-                format!("`{}` is not a LayerNorm of this Whisper model", norm.norm),
-            ));
-        }
-    }
-    for chain in &spec.links.gemm_chains {
-        if !layout
-            .gemm_chains
-            .iter()
-            .any(|c| c.producer == chain.producer && c.consumer == chain.consumer)
-        {
-            return Err(Error::config_key(
-                path,
-                "quantization.links.gemm_chains",
-                format!(
-                    "`{}` -> `{}` is not a GEMM chain of this Whisper model",
-                    chain.producer, chain.consumer
-                ),
-            ));
-        }
-    }
-    Ok(())
+    crate::models::whisper::quantization_layout(model).check_spec(
+        path,
+        &modules,
+        spec,
+        "Whisper model",
+    )
 }
 
 fn native_config(config: &WhisperConfig, tokenizer: bool) -> NativeConfig {
