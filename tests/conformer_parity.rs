@@ -5,6 +5,8 @@
 //! log-posteriors, greedy hypotheses and both decoders' scores on two real clips. The features
 //! are torchaudio's Kaldi fbank of the clips (the frontend is checked in frontend_fbank.rs).
 
+mod common;
+
 use std::path::{Path, PathBuf};
 
 use oasr_quantize::checkpoint::Checkpoint;
@@ -13,14 +15,6 @@ use oasr_quantize::models::exec::FullPrecision;
 
 fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/wenet")
-}
-
-fn f32s(path: &Path) -> Vec<f32> {
-    std::fs::read(path)
-        .unwrap()
-        .chunks_exact(4)
-        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-        .collect()
 }
 
 fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
@@ -67,7 +61,7 @@ fn the_forward_matches_espnet_on_real_speech() {
     let eos = ckpt.config.decoding.eos_id.unwrap();
     let mut worst = (0f32, 0f32, 0f32, 0f64);
     for (stem, r) in reference["clips"].as_object().unwrap() {
-        let mut feats = f32s(&fixtures().join(format!("{stem}.fbank-torchaudio.f32")));
+        let mut feats = common::read_f32(&fixtures().join(format!("{stem}.fbank-torchaudio.f32")));
         let frames = feats.len() / 80;
         for row in feats.chunks_exact_mut(80) {
             for ((v, m), s) in row.iter_mut().zip(&mean).zip(&istd) {
@@ -76,7 +70,7 @@ fn the_forward_matches_espnet_on_real_speech() {
         }
         let enc = model.encode(&mut FullPrecision, &feats, frames).unwrap();
         let got: Vec<f32> = enc.flatten_all().unwrap().to_vec1().unwrap();
-        let want = f32s(&dir.join(format!("{stem}.encoder.f32")));
+        let want = common::read_f32(&dir.join(format!("{stem}.encoder.f32")));
         let shape: Vec<usize> = serde_json::from_value(r["encoder"].clone()).unwrap();
         assert_eq!(enc.dims(), shape.as_slice(), "{stem}");
         worst.0 = worst.0.max(max_abs_diff(&got, &want));
@@ -85,7 +79,7 @@ fn the_forward_matches_espnet_on_real_speech() {
         let flat: Vec<f32> = logp.iter().flatten().copied().collect();
         worst.1 = worst.1.max(max_abs_diff(
             &flat,
-            &f32s(&dir.join(format!("{stem}.ctc.f32"))),
+            &common::read_f32(&dir.join(format!("{stem}.ctc.f32"))),
         ));
         let greedy: Vec<u32> = serde_json::from_value(r["ctc_greedy"].clone()).unwrap();
         assert_eq!(ctc_greedy(&logp, 0), greedy, "{stem}");
@@ -103,7 +97,7 @@ fn the_forward_matches_espnet_on_real_speech() {
                     .unwrap();
                 if i == 0 {
                     let flat: Vec<f32> = lp.iter().flatten().copied().collect();
-                    let want = f32s(&dir.join(format!("{stem}.decoder{side}.f32")));
+                    let want = common::read_f32(&dir.join(format!("{stem}.decoder{side}.f32")));
                     worst.2 = worst.2.max(max_abs_diff(&flat, &want));
                 }
                 let score: f64 = seq

@@ -35,12 +35,7 @@ fn fixture_dir() -> PathBuf {
 }
 
 fn read_f32(name: &str) -> Vec<f32> {
-    let bytes = std::fs::read(fixture_dir().join(name)).unwrap();
-    assert_eq!(bytes.len() % 4, 0, "{name}");
-    bytes
-        .chunks_exact(4)
-        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-        .collect()
+    common::read_f32(&fixture_dir().join(name))
 }
 
 fn shape(name: &str) -> (usize, usize) {

@@ -2,6 +2,8 @@
 //! (tests/fixtures/logmel/make_golden.py: numpy float64 mirroring openai-whisper's audio.py and
 //! transcribe.py, with OpenAI's own mel_filters.npz) on a real speech clip.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -24,12 +26,7 @@ fn golden() -> Value {
 }
 
 fn read_f32(name: &str) -> Vec<f32> {
-    let bytes = std::fs::read(fixture_dir().join(name)).unwrap();
-    assert_eq!(bytes.len() % 4, 0, "{name}");
-    bytes
-        .chunks_exact(4)
-        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-        .collect()
+    common::read_f32(&fixture_dir().join(name))
 }
 
 fn clip() -> Vec<f32> {

@@ -372,5 +372,15 @@ pub fn zip_set_entry_header(zip: &mut [u8], name: &str, flags: u16, method: u16)
     assert_eq!(patched, 2, "entry {name} not found");
 }
 
+/// A little-endian f32 file (the golden vectors), as values.
+pub fn read_f32(path: &Path) -> Vec<f32> {
+    let bytes = std::fs::read(path).unwrap();
+    assert_eq!(bytes.len() % 4, 0, "{}", path.display());
+    bytes
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect()
+}
+
 pub mod links;
 pub mod wenet;

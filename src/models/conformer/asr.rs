@@ -172,20 +172,15 @@ impl SpeechModel for ConformerAsr {
         })
     }
 
-    /// The CTC frames' log-posteriors (they do not depend on the hypothesis), after the decoders
-    /// scored the hypothesis (so an observing executor sees them too).
+    /// The CTC frames' log-posteriors (they do not depend on the hypothesis). Calibration never
+    /// scores a Conformer's transcript ([`SpeechModel::score_replays_decode`]), so the decoders
+    /// need not run here.
     fn score(
         &self,
         exec: &mut dyn LinearExec,
         encoded: &Tensor,
-        tokens: &[u32],
+        _tokens: &[u32],
     ) -> Result<Vec<Vec<f32>>> {
-        let reversed: Vec<u32> = tokens.iter().rev().copied().collect();
-        for side in 0..self.model.decoder_count() {
-            let seq = if side == 0 { tokens } else { &reversed };
-            self.model
-                .decoder_log_probs(exec, side, encoded, self.sos, seq)?;
-        }
         self.model.ctc_log_probs(exec, encoded)
     }
 
