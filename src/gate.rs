@@ -13,10 +13,11 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, Result};
 use crate::format::ModuleKind;
 use crate::manifest::Manifest;
+use crate::models::DecodeOptions;
 use crate::numerics::OutDtype;
 use crate::quantizer::{Progress, Quantizer};
 use crate::recipe::Recipe;
-use crate::verify::{verify, VerifyReport};
+use crate::verify::{verify_with, VerifyOptions, VerifyReport};
 
 /// The default tolerance, in WER percentage points.
 pub const DEFAULT_TOLERANCE: f64 = 0.3;
@@ -78,6 +79,11 @@ pub struct GateEntry {
     /// `--quantize-kept`: also quantize what the recipe keeps full precision.
     #[serde(default)]
     pub quantize_kept: bool,
+    /// `--ctc-weight`, `--reverse-weight`, `--beam-size`: the search calibration and verify
+    /// decode with (the architecture's defaults when absent).
+    pub ctc_weight: Option<f64>,
+    pub reverse_weight: Option<f64>,
+    pub beam_size: Option<usize>,
     /// Floors on the teacher-forced logit cosine mean, per set.
     #[serde(default)]
     pub min_cosine: BTreeMap<String, f64>,
@@ -90,6 +96,17 @@ pub struct GateEntry {
     /// Recorded quantized WER (percent) per profile, then per set.
     #[serde(default)]
     pub reference_wer: BTreeMap<String, BTreeMap<String, f64>>,
+}
+
+impl GateEntry {
+    /// The entry's search options.
+    pub fn decode_options(&self) -> DecodeOptions {
+        DecodeOptions {
+            ctc_weight: self.ctc_weight,
+            reverse_weight: self.reverse_weight,
+            beam_size: self.beam_size,
+        }
+    }
 }
 
 /// One evaluation set of a gate.
@@ -418,21 +435,20 @@ pub fn run_gate(
         let quantize_seconds = started.elapsed().as_secs_f64();
         for (set, manifest) in &sets {
             let stage = format!("verifying {}", set.name);
-            let report = verify(
-                &dst,
-                &model,
-                manifest,
+            let verify_options = VerifyOptions {
                 limit,
-                options.served,
-                |done, total, _| {
-                    progress(&GateProgress {
-                        entry: &entry.name,
-                        stage: &stage,
-                        done: done as u64,
-                        total: total as u64,
-                    })
-                },
-            )
+                served: options.served,
+                decode: entry.decode_options(),
+                ..VerifyOptions::default()
+            };
+            let report = verify_with(&dst, &model, manifest, &verify_options, |done, total, _| {
+                progress(&GateProgress {
+                    entry: &entry.name,
+                    stage: &stage,
+                    done: done as u64,
+                    total: total as u64,
+                })
+            })
             .map_err(in_entry)?;
             results.push(judge(
                 entry,
@@ -494,6 +510,7 @@ fn quantizer_for(
     let recipe = Recipe::load(&entry.recipe)?;
     let mut q = Quantizer::new(model, dst)
         .recipe(&entry.recipe)
+        .decode_options(entry.decode_options())
         .quantize_kept(entry.quantize_kept)
         .overwrite(true);
     for (key, value) in &entry.options {

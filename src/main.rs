@@ -8,6 +8,7 @@ use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 use oasr_quantize::format::ModuleKind;
+use oasr_quantize::models::DecodeOptions;
 use oasr_quantize::Manifest;
 use oasr_quantize::{Progress, Quantizer, Recipe, Stage};
 
@@ -61,6 +62,8 @@ struct QuantizeArgs {
     /// Calibration utterances, evenly strided over the manifest sorted by id.
     #[arg(long, default_value_t = oasr_quantize::calibration::DEFAULT_UTTERANCES)]
     calib_utterances: usize,
+    #[command(flatten)]
+    search: SearchArgs,
     /// SmoothQuant migration strength (shorthand for --option smoothquant.alpha=A).
     #[arg(long)]
     alpha: Option<f32>,
@@ -94,6 +97,8 @@ enum Command {
         checkpoint: PathBuf,
         #[command(flatten)]
         run: ManifestRun,
+        #[command(flatten)]
+        search: SearchArgs,
     },
     /// Run a quantized checkpoint against its full-precision reference on a manifest: WER of both,
     /// logit cosine and top-1 agreement (free-running and teacher-forced), non-finite values.
@@ -116,6 +121,8 @@ enum Command {
         /// and utterance, on the CPU). Adds `per_layer` to the JSON report.
         #[arg(long)]
         per_layer: bool,
+        #[command(flatten)]
+        search: SearchArgs,
     },
     /// Regenerate every gated checkpoint of a gate file and verify it on the gate manifest; fails
     /// when a WER exceeds its recorded reference plus the tolerance.
@@ -154,6 +161,30 @@ enum Command {
 }
 
 /// A run over a manifest, shared by `transcribe` and `verify`.
+/// The model's search (attention rescoring of a CTC model; Whisper refuses them by name).
+#[derive(Args, Clone, Copy)]
+struct SearchArgs {
+    /// Attention rescoring: the weight of a candidate's CTC score (default 0.5, WeNet's runtime).
+    #[arg(long, value_name = "W")]
+    ctc_weight: Option<f64>,
+    /// Attention rescoring: the right-to-left decoder's weight in [0, 1] (default 0).
+    #[arg(long, value_name = "W")]
+    reverse_weight: Option<f64>,
+    /// CTC prefix beam search: candidates kept for rescoring (default 10).
+    #[arg(long, value_name = "N")]
+    beam_size: Option<usize>,
+}
+
+impl From<SearchArgs> for DecodeOptions {
+    fn from(a: SearchArgs) -> Self {
+        DecodeOptions {
+            ctc_weight: a.ctc_weight,
+            reverse_weight: a.reverse_weight,
+            beam_size: a.beam_size,
+        }
+    }
+}
+
 #[derive(Args)]
 struct ManifestRun {
     /// JSON lines manifest: {"id", "audio", "text"?}.
@@ -252,7 +283,16 @@ fn main() -> ExitCode {
             served_dtype,
             device,
             per_layer,
-        }) => verify(quantized, reference, run, served_dtype, device, per_layer),
+            search,
+        }) => verify(
+            quantized,
+            reference,
+            run,
+            served_dtype,
+            device,
+            per_layer,
+            search,
+        ),
         Some(Command::Gate {
             config,
             profile,
@@ -276,7 +316,11 @@ fn main() -> ExitCode {
                 .map(|table| print!("{table}"))
                 .map_err(Into::into)
         }
-        Some(Command::Transcribe { checkpoint, run }) => transcribe(checkpoint, run),
+        Some(Command::Transcribe {
+            checkpoint,
+            run,
+            search,
+        }) => transcribe(checkpoint, run, search),
         None => quantize(cli.quantize),
     };
     match result {
@@ -333,6 +377,7 @@ fn quantize(args: QuantizeArgs) -> Result<()> {
     };
     let mut q = Quantizer::new(&src, &dst)
         .recipe(&args.recipe)
+        .decode_options(args.search.into())
         .quantize_kept(args.quantize_kept)
         .overwrite(args.overwrite);
     for option in args.options {
@@ -469,12 +514,13 @@ fn utterance_bar(total: usize) -> ProgressBar {
     bar
 }
 
-fn transcribe(checkpoint: PathBuf, run: ManifestRun) -> Result<()> {
+fn transcribe(checkpoint: PathBuf, run: ManifestRun, search: SearchArgs) -> Result<()> {
     let (manifest, bar) = run.start("transcribing")?;
-    let report = oasr_quantize::transcribe::transcribe_manifest(
+    let report = oasr_quantize::transcribe::transcribe_manifest_with(
         &checkpoint,
         &manifest,
         run.limit,
+        &search.into(),
         |done, _, id| {
             bar.set_position(done as u64);
             bar.set_message(id.to_string());
@@ -526,6 +572,7 @@ fn verify(
     served: ServedDtype,
     device: VerifyDevice,
     per_layer: bool,
+    search: SearchArgs,
 ) -> Result<()> {
     let (manifest, bar) = run.start("verifying")?;
     let options = oasr_quantize::verify::VerifyOptions {
@@ -533,6 +580,7 @@ fn verify(
         served: served.into(),
         device: device.into(),
         per_layer,
+        decode: search.into(),
     };
     let report = oasr_quantize::verify::verify_with(
         &quantized,
@@ -568,6 +616,16 @@ fn verify(
             a.kl_max,
             a.top1_agreement * 100.0,
             a.steps
+        );
+    }
+    for (name, s) in &report.hypothesis_scores {
+        println!(
+            "{name:>15}: score of the full-precision hypothesis, |quantized - fp| mean {:.4} max {:.4} nats ({:.3}% of the fp mean {:.2}) over {} utterances",
+            s.abs_diff_mean,
+            s.abs_diff_max,
+            s.relative_diff_mean * 100.0,
+            s.full_precision_mean,
+            s.utterances
         );
     }
     println!("non-finite values: {}", report.nonfinite);

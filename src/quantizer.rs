@@ -22,7 +22,7 @@ use crate::format::{
 use crate::manifest::Manifest;
 use crate::models::exec::FullPrecision;
 use crate::models::registry::layout_of;
-use crate::models::{QuantizableLayer, QuantizationLayout, SpeechModel};
+use crate::models::{DecodeOptions, QuantizableLayer, QuantizationLayout, SpeechModel};
 use crate::recipe::{AlgorithmStep, Recipe};
 use crate::report::{LayerReport, QuantizationReport};
 use crate::selection;
@@ -97,6 +97,7 @@ pub struct Quantizer {
     calib_manifest: Option<PathBuf>,
     audio_root: Option<PathBuf>,
     calib_utterances: usize,
+    decode_options: DecodeOptions,
     overwrite: bool,
     progress: Option<ProgressFn>,
 }
@@ -114,6 +115,7 @@ impl Quantizer {
             calib_manifest: None,
             audio_root: None,
             calib_utterances: calibration::DEFAULT_UTTERANCES,
+            decode_options: DecodeOptions::default(),
             overwrite: false,
             progress: None,
         }
@@ -160,6 +162,13 @@ impl Quantizer {
     /// manifest's own directory).
     pub fn audio_root(mut self, dir: impl Into<PathBuf>) -> Self {
         self.audio_root = Some(dir.into());
+        self
+    }
+
+    /// The search calibration decodes with (the architecture's default unless given): use the
+    /// options the model will serve with, so the decoder GEMMs see what they serve.
+    pub fn decode_options(mut self, options: DecodeOptions) -> Self {
+        self.decode_options = options;
         self
     }
 
@@ -268,6 +277,16 @@ impl Quantizer {
                 ))
             }
             _ => {}
+        }
+        if let (false, Some(option)) = (calibrates, self.decode_options.set().first()) {
+            return Err(Error::option(
+                *option,
+                format!(
+                    "steers the search calibration decodes with, and recipe `{}` does not \
+                     calibrate",
+                    recipe.name
+                ),
+            ));
         }
         let mut plan = RunPlan::default();
         for step in &mut recipe.algorithms {
@@ -393,8 +412,10 @@ impl Quantizer {
         let mut calibration_record = None;
         if let Some(manifest_path) = &self.calib_manifest {
             let manifest = Manifest::read(manifest_path, self.audio_root.as_deref())?;
-            let t = crate::models::load(source)?;
-            let set = CalibrationSet::select(&manifest, self.calib_utterances, t.sample_rate())?;
+            let t = crate::models::load_with(source, &self.decode_options)?;
+            let mut set =
+                CalibrationSet::select(&manifest, self.calib_utterances, t.sample_rate())?;
+            set.record.decoding = t.decode_options_record();
             files_read.push(manifest_path.clone());
             files_read.extend(set.utterances.iter().map(|u| u.audio.clone()));
             // Each static layer: the smoother its input is multiplied by, the weights of its
@@ -489,8 +510,10 @@ impl Quantizer {
                 let model: &dyn SpeechModel = if smoothing.groups.is_empty() {
                     t.as_ref()
                 } else {
-                    smoothed =
-                        crate::models::load(&smoothed_checkpoint(source, &working, quantized))?;
+                    smoothed = crate::models::load_with(
+                        &smoothed_checkpoint(source, &working, quantized),
+                        &self.decode_options,
+                    )?;
                     smoothed.as_ref()
                 };
                 let smooth_inv = &smoothing.smooth_inv;

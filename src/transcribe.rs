@@ -9,6 +9,7 @@ use crate::checkpoint::Checkpoint;
 use crate::error::{Error, Result};
 use crate::manifest::{Manifest, Utterance};
 use crate::models::exec::FullPrecision;
+use crate::models::DecodeOptions;
 use crate::wer::{word_errors, WordErrors};
 
 /// One transcribed utterance.
@@ -61,16 +62,34 @@ pub(crate) fn check_limit(limit: Option<usize>) -> Result<()> {
     }
 }
 
-/// Transcribes the first `limit` utterances (all when `None`) of a manifest.
+/// Transcribes the first `limit` utterances (all when `None`) of a manifest, with the
+/// architecture's default search.
 pub fn transcribe_manifest(
     checkpoint: &Path,
     manifest: &Manifest,
     limit: Option<usize>,
+    progress: impl FnMut(usize, usize, &str),
+) -> Result<TranscriptionReport> {
+    transcribe_manifest_with(
+        checkpoint,
+        manifest,
+        limit,
+        &DecodeOptions::default(),
+        progress,
+    )
+}
+
+/// [`transcribe_manifest`] with search options.
+pub fn transcribe_manifest_with(
+    checkpoint: &Path,
+    manifest: &Manifest,
+    limit: Option<usize>,
+    decode: &DecodeOptions,
     mut progress: impl FnMut(usize, usize, &str),
 ) -> Result<TranscriptionReport> {
     check_limit(limit)?;
     let ckpt = Checkpoint::open(checkpoint)?;
-    let t = crate::models::load(&ckpt)?;
+    let t = crate::models::load_with(&ckpt, decode)?;
     let started = std::time::Instant::now();
     let chosen: Vec<&Utterance> = manifest
         .utterances

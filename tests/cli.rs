@@ -114,6 +114,19 @@ fn errors_exit_non_zero_and_name_the_fault() {
     ])
     .contains("--module-types"));
     assert!(run(&[s, d, "--module-types", "linear,conv1d"]).contains("--calib-manifest"));
+    // A search option that nothing would use, or that the architecture's search lacks.
+    assert!(run(&[s, d, "--beam-size", "4"]).contains("--beam-size"));
+    let e = run(&[
+        "transcribe",
+        s,
+        "--manifest",
+        c,
+        "--limit",
+        "1",
+        "--ctc-weight",
+        "0.3",
+    ]);
+    assert!(e.contains("--ctc-weight") && e.contains("Whisper"), "{e}");
     assert!(run(&["inspect", tmp.path().to_str().unwrap()]).contains("not a checkpoint"));
     assert!(run(&["convert", "/nonexistent/model", d]).contains("/nonexistent/model"));
     assert!(!dst.exists());

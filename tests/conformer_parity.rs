@@ -7,11 +7,15 @@
 
 mod common;
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use oasr_quantize::checkpoint::Checkpoint;
-use oasr_quantize::models::conformer::{ctc_greedy, Conformer};
+use oasr_quantize::models::conformer::{
+    ctc_greedy, ctc_prefix_beam_search, Conformer, ConformerAsr,
+};
 use oasr_quantize::models::exec::FullPrecision;
+use oasr_quantize::models::SpeechModel;
 
 fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/wenet")
@@ -59,6 +63,7 @@ fn the_forward_matches_espnet_on_real_speech() {
     let (mean, istd) = (stat("mean"), stat("istd"));
     let sos = ckpt.config.decoding.sos_id.unwrap();
     let eos = ckpt.config.decoding.eos_id.unwrap();
+    let asr = ConformerAsr::new(&ckpt).unwrap();
     let mut worst = (0f32, 0f32, 0f32, 0f64);
     for (stem, r) in reference["clips"].as_object().unwrap() {
         let mut feats = common::read_f32(&fixtures().join(format!("{stem}.fbank-torchaudio.f32")));
@@ -108,6 +113,27 @@ fn the_forward_matches_espnet_on_real_speech() {
                     + f64::from(lp[seq.len()][eos as usize]);
                 worst.3 = worst.3.max((score - cand[key].as_f64().unwrap()).abs());
             }
+            // The scores verify compares are the same decoder scores, and a CTC log-likelihood
+            // over every alignment, which the beam's pruned score of the candidate cannot exceed.
+            let scores: BTreeMap<&str, f64> = asr
+                .hypothesis_scores(&mut FullPrecision, &enc, &tokens)
+                .unwrap()
+                .into_iter()
+                .collect();
+            for key in ["left", "right"] {
+                let got = scores[format!("{key}_decoder").as_str()];
+                worst.3 = worst.3.max((got - cand[key].as_f64().unwrap()).abs());
+            }
+            let beam = ctc_prefix_beam_search(&logp, 10, 0);
+            if let Some((_, pruned)) = beam.iter().find(|(t, _)| t == &tokens) {
+                assert!(
+                    scores["ctc"] >= pruned - 1e-9,
+                    "{stem}: {} < {pruned}",
+                    scores["ctc"]
+                );
+            }
+            let rescored = 0.5 * scores["ctc"] + scores["left_decoder"];
+            assert!((scores["rescored"] - rescored).abs() < 1e-9);
         }
     }
     eprintln!(

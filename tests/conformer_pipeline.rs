@@ -10,10 +10,12 @@ use std::path::{Path, PathBuf};
 
 use oasr_quantize::algorithms::smoothquant::RuntimeSmoothedExec;
 use oasr_quantize::checkpoint::Checkpoint;
+use oasr_quantize::models::conformer::ctc_greedy;
 use oasr_quantize::models::conformer::ConformerAsr;
 use oasr_quantize::models::exec::FullPrecision;
-use oasr_quantize::models::SpeechModel;
+use oasr_quantize::models::{DecodeOptions, SpeechModel};
 use oasr_quantize::numerics::OutDtype;
+use oasr_quantize::transcribe::transcribe_manifest_with;
 use oasr_quantize::verify::verify;
 use oasr_quantize::{Manifest, Quantizer};
 
@@ -52,6 +54,39 @@ fn transcribe_runs_the_search_and_the_rescoring() {
     assert_eq!(report.utterances.len(), 2);
     // The rescored hypothesis is one of the beam's candidates: non-empty on real speech here.
     assert!(report.utterances.iter().all(|u| u.tokens > 0));
+
+    // A beam of one keeps the best path's prefix only: rescoring has nothing to choose, so the
+    // transcript is the CTC greedy one.
+    let one = DecodeOptions {
+        beam_size: Some(1),
+        ..DecodeOptions::default()
+    };
+    let narrow = transcribe_manifest_with(&model(), &m, None, &one, |_, _, _| {}).unwrap();
+    let asr = ConformerAsr::new(&Checkpoint::open(&model()).unwrap()).unwrap();
+    for (u, got) in m.utterances.iter().zip(&narrow.utterances) {
+        let samples = asr.read(u).unwrap();
+        let enc = asr.encode(&mut FullPrecision, &samples).unwrap();
+        let logp = asr.model.ctc_log_probs(&mut FullPrecision, &enc).unwrap();
+        assert_eq!(got.hypothesis, asr.text(&ctc_greedy(&logp, 0)).unwrap());
+    }
+
+    // Options out of range, and Whisper's search, refuse them by name.
+    let refused = |options: DecodeOptions, ckpt: &Path| {
+        transcribe_manifest_with(ckpt, &m, None, &options, |_, _, _| {})
+            .unwrap_err()
+            .to_string()
+    };
+    let e = refused(
+        DecodeOptions {
+            reverse_weight: Some(1.5),
+            ..DecodeOptions::default()
+        },
+        &model(),
+    );
+    assert!(
+        e.contains("--reverse-weight") && e.contains("[0, 1]"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -79,6 +114,36 @@ fn every_recipe_quantizes_and_verifies_the_conformer() {
         assert_eq!(spec.layers.len(), 2 * 8 + 2 * 10, "{recipe}");
         let report = verify(&dst, &model(), &m, None, OutDtype::F16, |_, _, _| {}).unwrap();
         assert_eq!(report.nonfinite, 0, "{recipe}");
+        // The rescoring of the full-precision hypothesis, by both models.
+        let names: Vec<&str> = report
+            .hypothesis_scores
+            .keys()
+            .map(|k| k.as_str())
+            .collect();
+        assert_eq!(
+            names,
+            ["ctc", "left_decoder", "rescored", "right_decoder"],
+            "{recipe}"
+        );
+        for (name, s) in &report.hypothesis_scores {
+            assert_eq!(s.utterances, 2, "{recipe} {name}");
+            assert!(
+                s.full_precision_mean < 0.0,
+                "{recipe} {name}: a log-probability"
+            );
+            assert!(
+                s.abs_diff_max.is_finite() && s.abs_diff_max > 0.0,
+                "{recipe} {name}: {}",
+                s.abs_diff_max
+            );
+            assert!(s.abs_diff_mean <= s.abs_diff_max);
+        }
+        if !recipe.ends_with("rtn") {
+            // Calibration records the search it decoded with (WeNet's defaults here).
+            let record = spec.producer.calibration.clone().unwrap();
+            assert_eq!(record.decoding["ctc_weight"], 0.5, "{recipe}");
+            assert_eq!(record.decoding["beam_size"], 10, "{recipe}");
+        }
         assert!(report.teacher_forced.steps > 0);
         assert!(
             report.teacher_forced.cosine_mean > 0.9,

@@ -59,6 +59,7 @@ impl CalibrationSet {
                 selection: format!("sorted by id; {used} of {total} evenly strided (index floor(i * {total} / {used}))"),
                 dtype: "float32".into(),
                 sample_rate,
+                decoding: std::collections::BTreeMap::new(),
             },
             utterances,
         })

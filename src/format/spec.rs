@@ -159,6 +159,10 @@ pub struct CalibrationRecord {
     pub selection: String,
     pub dtype: String,
     pub sample_rate: u32,
+    /// The search options calibration decoded with (the architecture's effective ones; absent
+    /// for a search without options, such as Whisper's greedy decoding).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub decoding: BTreeMap<String, serde_json::Value>,
 }
 
 /// The checkpoint the output was made from.

@@ -7,8 +7,8 @@ pub mod registry;
 pub mod speech;
 pub mod whisper;
 
-pub use registry::load;
-pub use speech::{Decoding, SpeechModel};
+pub use registry::{load, load_with};
+pub use speech::{DecodeOptions, Decoding, SpeechModel};
 
 use std::collections::HashSet;
 use std::path::Path;

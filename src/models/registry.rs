@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use super::speech::SpeechModel;
+use super::speech::{DecodeOptions, SpeechModel};
 use super::{conformer, whisper, QuantizationLayout};
 use crate::checkpoint::{
     tokenizer_file, Checkpoint, NativeConfig, OpenOptions, SourceFormat, Tensor, CONFIG_FILE,
@@ -46,8 +46,9 @@ pub struct Architecture {
     /// The quantization layout of a (checked) config: which GEMMs exist, where smoothing folds,
     /// which links may arm.
     pub layout: fn(&Path, &NativeConfig) -> Result<QuantizationLayout>,
-    /// The runnable model of a full-precision checkpoint.
-    pub load: fn(&Checkpoint) -> Result<Box<dyn SpeechModel>>,
+    /// The runnable model of a full-precision checkpoint, searching with the given options
+    /// (refusing by name those its search does not have).
+    pub load: fn(&Checkpoint, &DecodeOptions) -> Result<Box<dyn SpeechModel>>,
 }
 
 /// Every architecture this version reads.
@@ -212,9 +213,15 @@ pub fn layout_of(source: &Checkpoint) -> Result<QuantizationLayout> {
     (arch.layout)(&config_path, &source.config)
 }
 
-/// The runnable model of a full-precision checkpoint (any supported format). A quantized
-/// checkpoint runs only in `verify`, which replaces its quantized layers.
+/// The runnable model of a full-precision checkpoint (any supported format), with the
+/// architecture's default search. A quantized checkpoint runs only in `verify`, which replaces
+/// its quantized layers.
 pub fn load(ckpt: &Checkpoint) -> Result<Box<dyn SpeechModel>> {
+    load_with(ckpt, &DecodeOptions::default())
+}
+
+/// [`load`] with search options.
+pub fn load_with(ckpt: &Checkpoint, options: &DecodeOptions) -> Result<Box<dyn SpeechModel>> {
     if ckpt.is_quantized() {
         return Err(Error::UnknownFormat {
             path: ckpt.dir.clone(),
@@ -224,5 +231,5 @@ pub fn load(ckpt: &Checkpoint) -> Result<Box<dyn SpeechModel>> {
         });
     }
     let arch = architecture(&ckpt.dir.join(CONFIG_FILE), &ckpt.config.architecture)?;
-    (arch.load)(ckpt)
+    (arch.load)(ckpt, options)
 }

@@ -13,6 +13,37 @@ use crate::error::{Error, Result};
 use crate::frontend::read_audio;
 use crate::manifest::Utterance;
 
+/// Options of a model's search, as given on the command line or in a gate entry; `None` leaves
+/// the architecture's default. An architecture refuses by name an option its search does not
+/// have (Whisper decodes greedily and has no CTC weight), so a setting is never ignored.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct DecodeOptions {
+    /// Attention rescoring: the weight of a candidate's CTC score (`--ctc-weight`).
+    pub ctc_weight: Option<f64>,
+    /// Attention rescoring: the right-to-left decoder's weight against the left-to-right one's
+    /// (`--reverse-weight`).
+    pub reverse_weight: Option<f64>,
+    /// CTC prefix beam search: the candidates kept (`--beam-size`).
+    pub beam_size: Option<usize>,
+}
+
+impl DecodeOptions {
+    /// The options that are set, by their command-line names.
+    pub fn set(&self) -> Vec<&'static str> {
+        let mut set = Vec::new();
+        if self.ctc_weight.is_some() {
+            set.push("--ctc-weight");
+        }
+        if self.reverse_weight.is_some() {
+            set.push("--reverse-weight");
+        }
+        if self.beam_size.is_some() {
+            set.push("--beam-size");
+        }
+        set
+    }
+}
+
 /// What a model's search produced for one utterance.
 #[derive(Clone, Debug, Default)]
 pub struct Decoding {
@@ -68,6 +99,24 @@ pub trait SpeechModel: Send + Sync {
     /// pass that needs the decoder's inputs decodes again instead of scoring the transcript.
     fn score_replays_decode(&self) -> bool {
         true
+    }
+
+    /// Named sequence-level scores the search gives the hypothesis `tokens` (for attention
+    /// rescoring: the CTC score, each decoder's and the combined one); empty when the search
+    /// ranks nothing beyond its score rows. `verify` compares them between the two models.
+    fn hypothesis_scores(
+        &self,
+        _exec: &mut dyn LinearExec,
+        _encoded: &Tensor,
+        _tokens: &[u32],
+    ) -> Result<Vec<(&'static str, f64)>> {
+        Ok(Vec::new())
+    }
+
+    /// The effective search options, for the provenance of a calibration that decoded with
+    /// them; empty when the search has none to record.
+    fn decode_options_record(&self) -> std::collections::BTreeMap<String, serde_json::Value> {
+        std::collections::BTreeMap::new()
     }
 
     /// The text of a hypothesis.

@@ -24,7 +24,7 @@ use crate::error::{Error, Result};
 use crate::format::{QuantDtype, QuantizationSpec};
 use crate::manifest::{Manifest, Utterance};
 use crate::models::exec::{activate, ce, to_vec, FullPrecision, Linear, LinearExec};
-use crate::models::SpeechModel;
+use crate::models::{DecodeOptions, SpeechModel};
 use crate::numerics::{self, ActScale, Activation, GemmEpilogue, OutDtype};
 use crate::wer::{word_errors, WordErrors};
 
@@ -195,7 +195,13 @@ pub struct QuantizedModel {
 }
 
 impl QuantizedModel {
+    /// The quantized checkpoint in `dir`, searching with the architecture's defaults.
     pub fn load(dir: &Path) -> Result<Self> {
+        Self::load_with(dir, &DecodeOptions::default())
+    }
+
+    /// [`Self::load`] with search options.
+    pub fn load_with(dir: &Path, decode: &DecodeOptions) -> Result<Self> {
         let ckpt = Checkpoint::open(dir)?;
         let spec = ckpt.config.quantization.clone().ok_or_else(|| Error::UnknownFormat {
             path: dir.into(),
@@ -246,7 +252,7 @@ impl QuantizedModel {
                 .collect(),
         };
         Ok(QuantizedModel {
-            model: crate::models::load(&runnable)?,
+            model: crate::models::load_with(&runnable, decode)?,
             layers,
             links,
             spec,
@@ -384,6 +390,66 @@ pub struct Agreement {
     pub kl_max: f64,
     /// Fraction of steps whose arg-max token is the same.
     pub top1_agreement: f64,
+}
+
+/// How closely the quantized model's sequence-level score of the full-precision hypothesis
+/// follows the reference's (one named score of [`SpeechModel::hypothesis_scores`]: for attention
+/// rescoring the CTC log-likelihood, each decoder's and the rescored total), in nats.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct ScoreAgreement {
+    pub utterances: usize,
+    /// The reference's mean score, for scale.
+    pub full_precision_mean: f64,
+    /// Mean and largest |quantized − full precision|.
+    pub abs_diff_mean: f64,
+    pub abs_diff_max: f64,
+    /// Mean of |quantized − full precision| / |full precision|.
+    pub relative_diff_mean: f64,
+}
+
+/// Sums and extremes of one named score's differences, mergeable.
+#[derive(Clone, Debug, Default)]
+struct ScoreSum {
+    utterances: usize,
+    full_precision_sum: f64,
+    abs_diff_sum: f64,
+    abs_diff_max: f64,
+    relative_sum: f64,
+}
+
+impl ScoreSum {
+    fn add(&mut self, fp: f64, q: f64) {
+        let diff = (q - fp).abs();
+        self.utterances += 1;
+        self.full_precision_sum += fp;
+        self.abs_diff_sum += diff;
+        // NaN (a non-finite quantized score) counts as the worst.
+        if diff > self.abs_diff_max || diff.is_nan() {
+            self.abs_diff_max = diff;
+        }
+        self.relative_sum += diff / fp.abs().max(f64::MIN_POSITIVE);
+    }
+
+    fn merge(&mut self, other: &ScoreSum) {
+        self.utterances += other.utterances;
+        self.full_precision_sum += other.full_precision_sum;
+        self.abs_diff_sum += other.abs_diff_sum;
+        if other.abs_diff_max > self.abs_diff_max || other.abs_diff_max.is_nan() {
+            self.abs_diff_max = other.abs_diff_max;
+        }
+        self.relative_sum += other.relative_sum;
+    }
+
+    fn finish(&self) -> ScoreAgreement {
+        let n = self.utterances.max(1) as f64;
+        ScoreAgreement {
+            utterances: self.utterances,
+            full_precision_mean: self.full_precision_sum / n,
+            abs_diff_mean: self.abs_diff_sum / n,
+            abs_diff_max: self.abs_diff_max,
+            relative_diff_mean: self.relative_sum / n,
+        }
+    }
 }
 
 /// Sums and extremes of the agreement figures, mergeable.
@@ -527,6 +593,7 @@ struct Tally {
     forced: AgreementSum,
     word_errors: Option<(WordErrors, WordErrors)>,
     nonfinite: usize,
+    scores: BTreeMap<&'static str, ScoreSum>,
 }
 
 impl Tally {
@@ -540,6 +607,9 @@ impl Tally {
             wq.add(q);
         }
         self.nonfinite += run.nonfinite;
+        for (name, sum) in &run.scores {
+            self.scores.entry(name).or_default().merge(sum);
+        }
     }
 
     fn finish(&self) -> SourceFigures {
@@ -557,6 +627,11 @@ impl Tally {
             word_errors_quantized: wq,
             free_running: self.free.finish(),
             teacher_forced: self.forced.finish(),
+            hypothesis_scores: self
+                .scores
+                .iter()
+                .map(|(k, s)| (k.to_string(), s.finish()))
+                .collect(),
             nonfinite: self.nonfinite,
         }
     }
@@ -573,6 +648,10 @@ pub struct SourceFigures {
     pub word_errors_quantized: WordErrors,
     pub free_running: Agreement,
     pub teacher_forced: Agreement,
+    /// The sequence-level scores of the full-precision hypothesis, compared (empty for a search
+    /// without them, such as Whisper's).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub hypothesis_scores: BTreeMap<String, ScoreAgreement>,
     pub nonfinite: usize,
 }
 
@@ -622,6 +701,11 @@ pub struct VerifyReport {
     pub free_running: Agreement,
     /// The quantized model scores the full-precision tokens.
     pub teacher_forced: Agreement,
+    /// The sequence-level scores the search gives the full-precision hypothesis (attention
+    /// rescoring: `ctc`, `left_decoder`, `right_decoder`, `rescored`), quantized against full
+    /// precision; empty for a search without them, such as Whisper's.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub hypothesis_scores: BTreeMap<String, ScoreAgreement>,
     /// Non-finite values in the quantized model's GEMM outputs and logits.
     pub nonfinite: usize,
     /// The same figures per manifest `source` (`(none)` for utterances without one).
@@ -641,6 +725,7 @@ struct UtteranceRun {
     /// Against the manifest's text: (full precision, quantized).
     word_errors: Option<(WordErrors, WordErrors)>,
     nonfinite: usize,
+    scores: BTreeMap<&'static str, ScoreSum>,
     transcript: VerifiedUtterance,
     per_layer: Option<per_layer::UtteranceFigures>,
 }
@@ -656,11 +741,18 @@ fn verify_one(
     layers: Option<&per_layer::Plan>,
 ) -> Result<UtteranceRun> {
     let samples = r.read(u)?;
-    let fp = r.transcribe(&mut FullPrecision, &samples, true)?;
+    let fp_audio = r.encode(&mut FullPrecision, &samples)?;
+    let fp = r.decode(&mut FullPrecision, &fp_audio, samples.len(), true)?;
     let mut exec = lane.exec(q, served);
     let audio = q.model.encode(&mut exec, &samples)?;
     let qd = q.model.decode(&mut exec, &audio, samples.len(), true)?;
     let scored = q.model.score(&mut exec, &audio, &fp.tokens)?;
+    let mut scores: BTreeMap<&'static str, ScoreSum> = BTreeMap::new();
+    let fp_scores = r.hypothesis_scores(&mut FullPrecision, &fp_audio, &fp.tokens)?;
+    let q_scores = q.model.hypothesis_scores(&mut exec, &audio, &fp.tokens)?;
+    for ((name, a), (_, b)) in fp_scores.iter().zip(&q_scores) {
+        scores.entry(name).or_default().add(*a, *b);
+    }
     let nonfinite = exec.nonfinite()
         + qd.scores
             .iter()
@@ -689,6 +781,7 @@ fn verify_one(
         forced,
         word_errors,
         nonfinite,
+        scores,
         transcript: VerifiedUtterance {
             id: u.id.clone(),
             reference_text: u.text.clone(),
@@ -740,12 +833,13 @@ pub fn verify_on(
         served,
         device,
         per_layer: false,
+        decode: DecodeOptions::default(),
     };
     verify_with(quantized, reference, manifest, &options, progress)
 }
 
 /// What a verify run does beyond the defaults.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct VerifyOptions {
     /// Only the first `limit` utterances of the manifest.
     pub limit: Option<usize>,
@@ -757,6 +851,8 @@ pub struct VerifyOptions {
     /// model per quantized layer and utterance. A checkpoint with SmoothQuant folds into norms or
     /// V projections needs its recorded factors (`smoothing_factors.safetensors`).
     pub per_layer: bool,
+    /// The search both models decode with (the architecture's default unless given).
+    pub decode: DecodeOptions,
 }
 
 impl Default for VerifyOptions {
@@ -766,6 +862,7 @@ impl Default for VerifyOptions {
             served: OutDtype::F16,
             device: VerifyDevice::Cpu,
             per_layer: false,
+            decode: DecodeOptions::default(),
         }
     }
 }
@@ -783,14 +880,15 @@ pub fn verify_with(
         served,
         device,
         per_layer: with_layers,
+        decode,
     } = *options;
     crate::transcribe::check_limit(limit)?;
     #[cfg(not(feature = "cuda"))]
     if device == VerifyDevice::Cuda {
         return Err(no_cuda());
     }
-    let q = QuantizedModel::load(quantized)?;
-    let r = crate::models::load(&Checkpoint::open(reference)?)?;
+    let q = QuantizedModel::load_with(quantized, &decode)?;
+    let r = crate::models::load_with(&Checkpoint::open(reference)?, &decode)?;
     // Checked before any work: a checkpoint without its smoothing factors is refused here.
     let plan = with_layers
         .then(|| per_layer::Plan::new(&q, quantized, r.as_ref()))
@@ -849,6 +947,7 @@ pub fn verify_with(
         word_errors_quantized: total.word_errors_quantized,
         free_running: total.free_running,
         teacher_forced: total.teacher_forced,
+        hypothesis_scores: total.hypothesis_scores,
         nonfinite: total.nonfinite,
         by_source: by_source
             .iter()

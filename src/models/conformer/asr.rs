@@ -3,16 +3,19 @@
 //! defaults, [`RescoringOptions`]).
 
 use std::any::Any;
+use std::collections::BTreeMap;
 
 use candle_core::Tensor;
 
-use super::search::{ctc_prefix_beam_search, decoder_score, rescored, RescoringOptions};
+use super::search::{
+    ctc_log_likelihood, ctc_prefix_beam_search, decoder_score, rescored, RescoringOptions,
+};
 use super::{Conformer, UNITS};
 use crate::checkpoint::Checkpoint;
 use crate::error::{Error, Result};
 use crate::frontend::{Frontend, GlobalCmvn, KaldiFbank};
 use crate::models::exec::LinearExec;
-use crate::models::speech::{Decoding, SpeechModel};
+use crate::models::speech::{DecodeOptions, Decoding, SpeechModel};
 
 /// A U2++ Conformer with its units, frontend and decoding options.
 pub struct ConformerAsr {
@@ -27,9 +30,16 @@ pub struct ConformerAsr {
 }
 
 impl ConformerAsr {
-    /// Builds the model from a full-precision Conformer checkpoint (any supported format).
+    /// Builds the model from a full-precision Conformer checkpoint (any supported format), with
+    /// WeNet's default rescoring.
     pub fn new(ckpt: &Checkpoint) -> Result<Self> {
+        Self::with_options(ckpt, &DecodeOptions::default())
+    }
+
+    /// [`Self::new`] with the rescoring options given (see [`RescoringOptions::resolve`]).
+    pub fn with_options(ckpt: &Checkpoint, given: &DecodeOptions) -> Result<Self> {
         let model = Conformer::load(ckpt)?;
+        let options = RescoringOptions::resolve(given, model.decoder_count() > 1)?;
         let features = ckpt.config.features.as_ref().ok_or_else(|| {
             Error::corrupt(&ckpt.dir, "a Conformer checkpoint must name its `features`")
         })?;
@@ -84,8 +94,32 @@ impl ConformerAsr {
             blank: id(d.blank_id, "blank_id")?,
             sos: id(d.sos_id, "sos_id")?,
             eos: id(d.eos_id, "eos_id")?,
-            options: RescoringOptions::default(),
+            options,
         })
+    }
+
+    /// The left and (when the model has one) right decoder's scores of a candidate. Both
+    /// decoders run even at `reverse_weight` 0, as WeNet's attention rescoring does.
+    fn decoder_scores(
+        &self,
+        exec: &mut dyn LinearExec,
+        encoded: &Tensor,
+        tokens: &[u32],
+    ) -> Result<(f64, Option<f64>)> {
+        let rows = self
+            .model
+            .decoder_log_probs(exec, 0, encoded, self.sos, tokens)?;
+        let left = decoder_score(&rows, tokens, self.eos);
+        let right = if self.model.decoder_count() > 1 {
+            let reversed: Vec<u32> = tokens.iter().rev().copied().collect();
+            let rows = self
+                .model
+                .decoder_log_probs(exec, 1, encoded, self.sos, &reversed)?;
+            Some(decoder_score(&rows, &reversed, self.eos))
+        } else {
+            None
+        };
+        Ok((left, right))
     }
 
     /// The normalised features `[frames, input_dim]` of 16 kHz samples.
@@ -141,23 +175,7 @@ impl SpeechModel for ConformerAsr {
         let candidates = ctc_prefix_beam_search(&log_probs, self.options.beam_size, self.blank);
         let mut best: Option<(f64, Vec<u32>)> = None;
         for (tokens, ctc) in candidates {
-            let left = decoder_score(
-                &self
-                    .model
-                    .decoder_log_probs(exec, 0, encoded, self.sos, &tokens)?,
-                &tokens,
-                self.eos,
-            );
-            // Both decoders run even at reverse_weight 0, as WeNet's attention rescoring does.
-            let right = if self.model.decoder_count() > 1 {
-                let reversed: Vec<u32> = tokens.iter().rev().copied().collect();
-                let rows = self
-                    .model
-                    .decoder_log_probs(exec, 1, encoded, self.sos, &reversed)?;
-                Some(decoder_score(&rows, &reversed, self.eos))
-            } else {
-                None
-            };
+            let (left, right) = self.decoder_scores(exec, encoded, &tokens)?;
             let score = rescored(left, right, ctc, &self.options);
             if best.as_ref().is_none_or(|(b, _)| score > *b) {
                 best = Some((score, tokens));
@@ -189,6 +207,34 @@ impl SpeechModel for ConformerAsr {
         false
     }
 
+    /// The rescoring of `tokens`: the CTC log-likelihood (every alignment, not only the beam's),
+    /// each decoder's score and the rescored total.
+    fn hypothesis_scores(
+        &self,
+        exec: &mut dyn LinearExec,
+        encoded: &Tensor,
+        tokens: &[u32],
+    ) -> Result<Vec<(&'static str, f64)>> {
+        let log_probs = self.model.ctc_log_probs(exec, encoded)?;
+        let ctc = ctc_log_likelihood(&log_probs, tokens, self.blank);
+        let (left, right) = self.decoder_scores(exec, encoded, tokens)?;
+        let mut scores = vec![("ctc", ctc), ("left_decoder", left)];
+        if let Some(r) = right {
+            scores.push(("right_decoder", r));
+        }
+        scores.push(("rescored", rescored(left, right, ctc, &self.options)));
+        Ok(scores)
+    }
+
+    fn decode_options_record(&self) -> BTreeMap<String, serde_json::Value> {
+        let o = &self.options;
+        BTreeMap::from([
+            ("ctc_weight".to_string(), o.ctc_weight.into()),
+            ("reverse_weight".to_string(), o.reverse_weight.into()),
+            ("beam_size".to_string(), o.beam_size.into()),
+        ])
+    }
+
     /// The units joined; WeNet's word-piece marker `▁` becomes a space.
     fn text(&self, tokens: &[u32]) -> Result<String> {
         let mut text = String::new();
@@ -208,6 +254,6 @@ impl SpeechModel for ConformerAsr {
 }
 
 /// The registry's loader.
-pub(crate) fn load(ckpt: &Checkpoint) -> Result<Box<dyn SpeechModel>> {
-    Ok(Box::new(ConformerAsr::new(ckpt)?))
+pub(crate) fn load(ckpt: &Checkpoint, options: &DecodeOptions) -> Result<Box<dyn SpeechModel>> {
+    Ok(Box::new(ConformerAsr::with_options(ckpt, options)?))
 }

@@ -14,7 +14,10 @@ pub use config::{ConformerConfig, MODEL_TYPE, VOCAB_ALIGN};
 pub use forward::Conformer;
 pub use import::{FINAL_PT, GLOBAL_CMVN, PADDING_LOGIT, TRAIN_YAML, UNITS};
 pub use layout::{decoder_prefixes, expected_tensors, quantization_layout};
-pub use search::{ctc_greedy, ctc_prefix_beam_search, decoder_score, rescored, RescoringOptions};
+pub use search::{
+    ctc_greedy, ctc_log_likelihood, ctc_prefix_beam_search, decoder_score, rescored,
+    RescoringOptions,
+};
 
 use super::registry::{Architecture, SourceKind};
 

@@ -3,6 +3,9 @@
 
 use std::collections::HashMap;
 
+use crate::error::{Error, Result};
+use crate::models::speech::DecodeOptions;
+
 /// The rescoring weights and beam of WeNet's runtime (`decoder_main`): `ctc_weight` 0.5,
 /// `reverse_weight` 0, beam 10.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -13,6 +16,49 @@ pub struct RescoringOptions {
     pub reverse_weight: f64,
     /// Candidates the CTC prefix beam search keeps.
     pub beam_size: usize,
+}
+
+impl RescoringOptions {
+    /// WeNet's defaults overridden by the options given; refuses by name a weight that is not
+    /// finite or out of range, a beam of 0, and a reverse weight for a model without a right
+    /// decoder (it would weigh a score nobody computes).
+    pub fn resolve(given: &DecodeOptions, right_decoder: bool) -> Result<Self> {
+        let mut o = RescoringOptions::default();
+        if let Some(w) = given.ctc_weight {
+            if !(w.is_finite() && w >= 0.0) {
+                return Err(Error::option(
+                    "--ctc-weight",
+                    format!("{w} is not a finite weight >= 0"),
+                ));
+            }
+            o.ctc_weight = w;
+        }
+        if let Some(w) = given.reverse_weight {
+            if !(0.0..=1.0).contains(&w) {
+                return Err(Error::option(
+                    "--reverse-weight",
+                    format!("{w} is not a weight in [0, 1]"),
+                ));
+            }
+            if w > 0.0 && !right_decoder {
+                return Err(Error::option(
+                    "--reverse-weight",
+                    "this model has no right-to-left decoder to weigh",
+                ));
+            }
+            o.reverse_weight = w;
+        }
+        if let Some(b) = given.beam_size {
+            if b == 0 {
+                return Err(Error::option(
+                    "--beam-size",
+                    "0 keeps no candidate; give at least 1",
+                ));
+            }
+            o.beam_size = b;
+        }
+        Ok(o)
+    }
 }
 
 impl Default for RescoringOptions {
@@ -121,6 +167,53 @@ pub fn ctc_prefix_beam_search(
         .collect()
 }
 
+/// The CTC log-likelihood of `tokens`: the log of the summed probability of every alignment
+/// that collapses to them (the forward algorithm over the tokens interleaved with blanks). The
+/// prefix beam search's score of a candidate is this sum restricted to the prefixes it kept.
+pub fn ctc_log_likelihood(log_probs: &[Vec<f32>], tokens: &[u32], blank: u32) -> f64 {
+    if log_probs.is_empty() {
+        return if tokens.is_empty() {
+            0.0
+        } else {
+            f64::NEG_INFINITY
+        };
+    }
+    // The extended label sequence: blank, t1, blank, t2, …, blank.
+    let labels: Vec<u32> = std::iter::once(blank)
+        .chain(tokens.iter().flat_map(|&t| [t, blank]))
+        .collect();
+    let at = |row: &[f32], s: usize| {
+        row.get(labels[s] as usize)
+            .map_or(f64::NEG_INFINITY, |&v| f64::from(v))
+    };
+    let mut alpha = vec![f64::NEG_INFINITY; labels.len()];
+    for (t, row) in log_probs.iter().enumerate() {
+        let mut next = vec![f64::NEG_INFINITY; labels.len()];
+        for s in 0..labels.len() {
+            let reach = if t == 0 {
+                if s < 2 {
+                    0.0
+                } else {
+                    f64::NEG_INFINITY
+                }
+            } else {
+                let mut from = vec![alpha[s]];
+                if s >= 1 {
+                    from.push(alpha[s - 1]);
+                }
+                // A label may skip the blank before it unless it repeats the label two back.
+                if s >= 2 && labels[s] != blank && labels[s] != labels[s - 2] {
+                    from.push(alpha[s - 2]);
+                }
+                log_add(&from)
+            };
+            next[s] = reach + at(row, s);
+        }
+        alpha = next;
+    }
+    log_add(&alpha[labels.len().saturating_sub(2)..])
+}
+
 /// A candidate's decoder score as WeNet's attention rescoring computes it: the sum of the
 /// log-probabilities of its tokens and of end-of-sentence, from rows `[len + 1, vocab]` of a
 /// decoder fed `sos` and the tokens (for the right decoder, the tokens reversed).
@@ -168,6 +261,112 @@ mod tests {
         assert!((empty - 0.16).abs() < 1e-6);
         assert_eq!(hyps[0].0, vec![1]);
         assert_eq!(ctc_greedy(&rows, 0), vec![1]);
+    }
+
+    /// Every alignment of `frames` frames over `vocab` units, enumerated: the definition the
+    /// forward algorithm must match.
+    fn brute_force(rows: &[Vec<f32>], tokens: &[u32], blank: u32) -> f64 {
+        let (frames, vocab) = (rows.len(), rows[0].len());
+        let mut total = 0.0f64;
+        for mut code in 0..vocab.pow(frames as u32) {
+            let mut path = Vec::new();
+            for _ in 0..frames {
+                path.push((code % vocab) as u32);
+                code /= vocab;
+            }
+            let mut collapsed = Vec::new();
+            let mut prev = None;
+            for &p in &path {
+                if Some(p) != prev && p != blank {
+                    collapsed.push(p);
+                }
+                prev = Some(p);
+            }
+            if collapsed == tokens {
+                total += path
+                    .iter()
+                    .zip(rows)
+                    .map(|(&p, r)| f64::from(r[p as usize]))
+                    .sum::<f64>()
+                    .exp();
+            }
+        }
+        total.ln()
+    }
+
+    #[test]
+    fn ctc_likelihood_sums_every_alignment() {
+        // Six frames over {blank, a, b}, uneven posteriors (log-softmax of fixed logits).
+        let rows: Vec<Vec<f32>> = (0..6)
+            .map(|t| {
+                let logits = [
+                    0.3 * t as f64,
+                    1.0 - 0.2 * t as f64,
+                    0.5 + 0.1 * (t % 3) as f64,
+                ];
+                let z = logits.iter().map(|v| v.exp()).sum::<f64>().ln();
+                logits.iter().map(|v| (v - z) as f32).collect()
+            })
+            .collect();
+        for tokens in [
+            &[][..],
+            &[1],
+            &[1, 1],
+            &[1, 2, 1],
+            &[2, 2, 2],
+            &[1, 2, 1, 2, 1, 2],
+        ] {
+            let (fast, slow) = (
+                ctc_log_likelihood(&rows, tokens, 0),
+                brute_force(&rows, tokens, 0),
+            );
+            assert!((fast - slow).abs() < 1e-5, "{tokens:?}: {fast} vs {slow}");
+        }
+        // Seven labels need more than six frames.
+        assert_eq!(
+            ctc_log_likelihood(&rows, &[1, 1, 1, 1], 0),
+            f64::NEG_INFINITY
+        );
+        // With a beam as wide as every prefix, the beam's score is the full sum.
+        let beam = ctc_prefix_beam_search(&rows, 1000, 0);
+        for (prefix, score) in beam.iter().take(5) {
+            assert!((score - ctc_log_likelihood(&rows, prefix, 0)).abs() < 1e-5);
+        }
+    }
+
+    #[test]
+    fn options_resolve_with_wenet_defaults_and_refuse_by_name() {
+        let d = RescoringOptions::resolve(&DecodeOptions::default(), false).unwrap();
+        assert_eq!(d, RescoringOptions::default());
+        let given = DecodeOptions {
+            ctc_weight: Some(0.3),
+            reverse_weight: Some(0.5),
+            beam_size: Some(4),
+        };
+        let o = RescoringOptions::resolve(&given, true).unwrap();
+        assert_eq!((o.ctc_weight, o.reverse_weight, o.beam_size), (0.3, 0.5, 4));
+        let refused = |given: DecodeOptions, right: bool| {
+            RescoringOptions::resolve(&given, right)
+                .unwrap_err()
+                .to_string()
+        };
+        let no_right = refused(given, false);
+        assert!(no_right.contains("--reverse-weight") && no_right.contains("right-to-left"));
+        let bad = DecodeOptions {
+            ctc_weight: Some(f64::NAN),
+            ..DecodeOptions::default()
+        };
+        assert!(refused(bad, true).contains("--ctc-weight"));
+        let bad = DecodeOptions {
+            reverse_weight: Some(1.5),
+            ..DecodeOptions::default()
+        };
+        assert!(refused(bad, true).contains("--reverse-weight"));
+        let bad = DecodeOptions {
+            beam_size: Some(0),
+            ..DecodeOptions::default()
+        };
+        assert!(refused(bad, true).contains("--beam-size"));
     }
 
     #[test]

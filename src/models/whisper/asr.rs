@@ -14,7 +14,7 @@ use crate::checkpoint::{Checkpoint, CONFIG_FILE};
 use crate::error::{Error, Result};
 use crate::frontend::{whisper_logmel::N_SAMPLES, Frontend, WhisperFrontend, WHISPER_LOGMEL};
 use crate::models::exec::LinearExec;
-use crate::models::speech::{Decoding, SpeechModel};
+use crate::models::speech::{DecodeOptions, Decoding, SpeechModel};
 
 /// A Whisper model with its tokenizer, decoding rules and frontend.
 pub struct WhisperAsr {
@@ -150,7 +150,15 @@ impl SpeechModel for WhisperAsr {
     }
 }
 
-/// The registry's loader.
-pub(crate) fn load(ckpt: &Checkpoint) -> Result<Box<dyn SpeechModel>> {
+/// The registry's loader. Whisper's search (greedy with the temperature fallback) has none of
+/// the rescoring options.
+pub(crate) fn load(ckpt: &Checkpoint, options: &DecodeOptions) -> Result<Box<dyn SpeechModel>> {
+    if let Some(option) = options.set().first() {
+        return Err(Error::option(
+            *option,
+            "applies to CTC models with attention rescoring (u2pp_conformer); Whisper decodes \
+             greedily",
+        ));
+    }
     Ok(Box::new(WhisperAsr::new(ckpt)?))
 }
