@@ -82,6 +82,13 @@ pub enum Error {
     MissingDiagnostics { path: PathBuf, message: String },
     #[error("output {}: {message}", shown(path))]
     Output { path: PathBuf, message: String },
+    /// A checkpoint an export format cannot express; `message` names what and what to do.
+    #[error("{}: cannot export to {format}: {message}", shown(path))]
+    Export {
+        path: PathBuf,
+        format: &'static str,
+        message: String,
+    },
     /// The CUDA runtime (feature `cuda`) could not do `what`: no driver, no GPU, no NVRTC, a
     /// failed compilation, launch or copy. `message` says why and what to do.
     #[error("CUDA {what}: {message}")]

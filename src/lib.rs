@@ -8,6 +8,7 @@ pub mod algorithms;
 pub mod calibration;
 pub mod checkpoint;
 pub mod error;
+pub mod export;
 pub mod format;
 pub mod frontend;
 pub mod gate;

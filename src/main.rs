@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
+use oasr_quantize::export::ExportFormat;
 use oasr_quantize::format::ModuleKind;
 use oasr_quantize::models::DecodeOptions;
 use oasr_quantize::Manifest;
@@ -64,6 +65,10 @@ struct QuantizeArgs {
     calib_utterances: usize,
     #[command(flatten)]
     search: SearchArgs,
+    /// Output format: oasr (OASR native v2) or compressed-tensors (the Hugging Face layout
+    /// that transformers and vLLM load; what it cannot express is refused).
+    #[arg(long, default_value = "oasr", value_name = "FORMAT")]
+    format: String,
     /// SmoothQuant migration strength (shorthand for --option smoothquant.alpha=A).
     #[arg(long)]
     alpha: Option<f32>,
@@ -84,6 +89,21 @@ enum Command {
         /// Replace an existing output.
         #[arg(long)]
         overwrite: bool,
+    },
+    /// Export a checkpoint to a format other tools load: compressed-tensors (the Hugging Face
+    /// layout with a `quantization_config`; a full-precision source exports as plain Hugging
+    /// Face). Refuses by name what the format cannot express.
+    Export {
+        src: PathBuf,
+        dst: PathBuf,
+        #[arg(long, default_value = "compressed-tensors", value_name = "FORMAT")]
+        format: String,
+        /// Replace an existing output.
+        #[arg(long)]
+        overwrite: bool,
+        /// Print a machine-readable summary on stdout instead of text.
+        #[arg(long)]
+        json: bool,
     },
     /// Show a checkpoint's schemes, quantized layers, skipped layers and provenance.
     Inspect {
@@ -274,6 +294,13 @@ fn main() -> ExitCode {
             dst,
             overwrite,
         }) => convert(src, dst, overwrite),
+        Some(Command::Export {
+            src,
+            dst,
+            format,
+            overwrite,
+            json,
+        }) => export(src, dst, &format, overwrite, json),
         Some(Command::Inspect { checkpoint, json }) => inspect(checkpoint, json),
         Some(Command::Recipes { json }) => recipes(json),
         Some(Command::Verify {
@@ -378,6 +405,10 @@ fn quantize(args: QuantizeArgs) -> Result<()> {
     let mut q = Quantizer::new(&src, &dst)
         .recipe(&args.recipe)
         .decode_options(args.search.into())
+        .format(match args.format.as_str() {
+            "oasr" => None,
+            other => Some(ExportFormat::parse(other)?),
+        })
         .quantize_kept(args.quantize_kept)
         .overwrite(args.overwrite);
     for option in args.options {
@@ -440,6 +471,34 @@ fn quantize(args: QuantizeArgs) -> Result<()> {
 fn convert(src: PathBuf, dst: PathBuf, overwrite: bool) -> Result<()> {
     let outcome = oasr_quantize::convert(&src, &dst, overwrite)?;
     println!("wrote {} (OASR native v1, f32)", outcome.output.display());
+    Ok(())
+}
+
+fn export(src: PathBuf, dst: PathBuf, format: &str, overwrite: bool, json: bool) -> Result<()> {
+    let r = oasr_quantize::export::export(&src, &dst, ExportFormat::parse(format)?, overwrite)?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&r)?);
+        return Ok(());
+    }
+    println!(
+        "wrote {} ({}): {} quantized layers in {} config groups, {} tensors, {:.1} MB, {:.2} s",
+        r.output,
+        r.format.name(),
+        r.quantized_layers,
+        r.config_groups,
+        r.tensors,
+        r.weight_bytes as f64 / 1e6,
+        r.seconds
+    );
+    if !r.ignored.is_empty() {
+        println!("  ignore (full precision): {}", r.ignored.join(", "));
+    }
+    if r.links_left_out > 0 {
+        println!(
+            "  {} OASR server links (fused norms, GEMM chains) left out: the exported layers compute the same",
+            r.links_left_out
+        );
+    }
     Ok(())
 }
 

@@ -15,6 +15,7 @@ use crate::checkpoint::{
     self, Checkpoint, DType, NativeConfig, StagedDir, Tensor, TensorPlan, CONFIG_FILE, REPORT_FILE,
 };
 use crate::error::{Error, Result};
+use crate::export::ExportFormat;
 use crate::format::{
     AlgorithmRecord, CalibrationRecord, LayerSpec, ModuleKind, ProducerRecord, QuantDtype,
     QuantizationSpec, SmoothFold, SourceRecord,
@@ -98,6 +99,7 @@ pub struct Quantizer {
     audio_root: Option<PathBuf>,
     calib_utterances: usize,
     decode_options: DecodeOptions,
+    format: Option<ExportFormat>,
     overwrite: bool,
     progress: Option<ProgressFn>,
 }
@@ -116,6 +118,7 @@ impl Quantizer {
             audio_root: None,
             calib_utterances: calibration::DEFAULT_UTTERANCES,
             decode_options: DecodeOptions::default(),
+            format: None,
             overwrite: false,
             progress: None,
         }
@@ -162,6 +165,14 @@ impl Quantizer {
     /// manifest's own directory).
     pub fn audio_root(mut self, dir: impl Into<PathBuf>) -> Self {
         self.audio_root = Some(dir.into());
+        self
+    }
+
+    /// Writes the output in another format than OASR native v2 (`--format`): the run quantizes
+    /// as usual, then exports, refusing what the format cannot express before anything is
+    /// moved into place.
+    pub fn format(mut self, format: Option<ExportFormat>) -> Self {
+        self.format = format;
         self
     }
 
@@ -324,7 +335,26 @@ impl Quantizer {
         let staged = StagedDir::create(&self.dst, self.overwrite, &[&self.src])?;
         let plan = self.plan(recipe, options)?;
         let calibrated = self.calibrate(&plan)?;
-        self.write(&plan, calibrated, staged)
+        let Some(format) = self.format else {
+            let outcome = self.write(&plan, calibrated, staged.path())?;
+            return Ok(Outcome {
+                output: staged.commit()?,
+                ..outcome
+            });
+        };
+        // The native checkpoint is written inside the staging directory, exported beside it,
+        // and removed before the output moves into place.
+        let native = staged.path().join(".oasr-native");
+        std::fs::create_dir(&native).map_err(|e| Error::io(&native, e))?;
+        let outcome = self.write(&plan, calibrated, &native)?;
+        crate::export::export_into(&native, staged.path(), format)?;
+        std::fs::rename(native.join(REPORT_FILE), staged.path().join(REPORT_FILE))
+            .map_err(|e| Error::io(&native, e))?;
+        std::fs::remove_dir_all(&native).map_err(|e| Error::io(&native, e))?;
+        Ok(Outcome {
+            output: staged.commit()?,
+            ..outcome
+        })
     }
 
     /// Opens the source and decides what the run quantizes: the layers, and those that get a
@@ -573,12 +603,7 @@ impl Quantizer {
     /// Quantizes every selected weight while streaming `model.safetensors` into the staging
     /// directory, then writes the config, tokenizer and report, and renames the directory into
     /// place.
-    fn write(
-        &mut self,
-        plan: &Planned,
-        calibrated: Calibrated<'_>,
-        staged: StagedDir,
-    ) -> Result<Outcome> {
+    fn write(&mut self, plan: &Planned, calibrated: Calibrated<'_>, dir: &Path) -> Result<Outcome> {
         let Planned {
             recipe,
             source,
@@ -664,75 +689,75 @@ impl Quantizer {
         let total = plan.len() as u64;
         let mut done = 0u64;
         let progress = &mut self.progress;
-        let fingerprint =
-            checkpoint::write_weights(staged.path(), plan.into_values().collect(), |entry| {
-                done += 1;
-                if let Some(f) = progress.as_mut() {
-                    f(&Progress {
-                        stage: Stage::Writing,
-                        done,
-                        total,
-                        item: &entry.name,
-                    });
+        let fingerprint = checkpoint::write_weights(dir, plan.into_values().collect(), |entry| {
+            done += 1;
+            if let Some(f) = progress.as_mut() {
+                f(&Progress {
+                    stage: Stage::Writing,
+                    done,
+                    total,
+                    item: &entry.name,
+                });
+            }
+            if let Some(layer) = selected.get(&entry.name) {
+                let n = layer.out_features;
+                let w = working.get(&entry.name)?;
+                let q = rtn::quantize_weight(&w, n, w.len() / n, dtype);
+                let group = smoothing.of(&layer.name);
+                let (scale_min, scale_max) = min_max(&q.scales);
+                let factors = group.map(|g| min_max(&g.factors));
+                let absmax = group.map(|g| min_max(&g.input_absmax));
+                reports.push(LayerReport {
+                    name: layer.name.clone(),
+                    scheme: layers[&layer.name].scheme,
+                    kind: layer.kind,
+                    shape: entry.shape.clone(),
+                    weight_scale_min: scale_min,
+                    weight_scale_max: scale_max,
+                    relative_weight_error: q.relative_error,
+                    smooth: group.map_or(SmoothFold::None, |g| g.fold),
+                    smoothed_into: group.and_then(|g| g.smoothed_into.clone()),
+                    smoothing_alpha: group.map(|g| g.alpha),
+                    smoothing_factor_min: factors.map(|r| r.0),
+                    smoothing_factor_max: factors.map(|r| r.1),
+                    input_absmax_min: absmax.map(|r| r.0),
+                    input_absmax_max: absmax.map(|r| r.1),
+                    static_input: statics.get(&layer.name).cloned(),
+                    static_input_declined: declined.get(&layer.name).cloned(),
+                });
+                scales.insert(layer.name.clone(), q.scales);
+                return Ok(Tensor::from_bytes(
+                    entry.dtype,
+                    entry.shape.clone(),
+                    q.codes,
+                ));
+            }
+            if let Some(layer) = entry.name.strip_suffix(".weight_scale") {
+                if let Some(s) = scales.remove(layer) {
+                    return Ok(Tensor::from_f32(entry.shape.clone(), &s));
                 }
-                if let Some(layer) = selected.get(&entry.name) {
-                    let n = layer.out_features;
-                    let w = working.get(&entry.name)?;
-                    let q = rtn::quantize_weight(&w, n, w.len() / n, dtype);
-                    let group = smoothing.of(&layer.name);
-                    let (scale_min, scale_max) = min_max(&q.scales);
-                    let factors = group.map(|g| min_max(&g.factors));
-                    let absmax = group.map(|g| min_max(&g.input_absmax));
-                    reports.push(LayerReport {
-                        name: layer.name.clone(),
-                        scheme: layers[&layer.name].scheme,
-                        kind: layer.kind,
-                        shape: entry.shape.clone(),
-                        weight_scale_min: scale_min,
-                        weight_scale_max: scale_max,
-                        relative_weight_error: q.relative_error,
-                        smooth: group.map_or(SmoothFold::None, |g| g.fold),
-                        smoothed_into: group.and_then(|g| g.smoothed_into.clone()),
-                        smoothing_alpha: group.map(|g| g.alpha),
-                        smoothing_factor_min: factors.map(|r| r.0),
-                        smoothing_factor_max: factors.map(|r| r.1),
-                        input_absmax_min: absmax.map(|r| r.0),
-                        input_absmax_max: absmax.map(|r| r.1),
-                        static_input: statics.get(&layer.name).cloned(),
-                        static_input_declined: declined.get(&layer.name).cloned(),
-                    });
-                    scales.insert(layer.name.clone(), q.scales);
-                    return Ok(Tensor::from_bytes(
-                        entry.dtype,
-                        entry.shape.clone(),
-                        q.codes,
-                    ));
+            }
+            if let Some(layer) = entry.name.strip_suffix(".smooth_inv") {
+                if let Some(inv) = smoothing.smooth_inv.get(layer) {
+                    return Ok(Tensor::from_f32(entry.shape.clone(), inv));
                 }
-                if let Some(layer) = entry.name.strip_suffix(".weight_scale") {
-                    if let Some(s) = scales.remove(layer) {
-                        return Ok(Tensor::from_f32(entry.shape.clone(), &s));
-                    }
+            }
+            if let Some(layer) = entry.name.strip_suffix(".input_scale") {
+                if let Some(s) = statics.get(layer) {
+                    return Ok(Tensor::from_f32(entry.shape.clone(), &[s.input_scale]));
                 }
-                if let Some(layer) = entry.name.strip_suffix(".smooth_inv") {
-                    if let Some(inv) = smoothing.smooth_inv.get(layer) {
-                        return Ok(Tensor::from_f32(entry.shape.clone(), inv));
-                    }
-                }
-                if let Some(layer) = entry.name.strip_suffix(".input_scale") {
-                    if let Some(s) = statics.get(layer) {
-                        return Ok(Tensor::from_f32(entry.shape.clone(), &[s.input_scale]));
-                    }
-                }
-                let source_tensor = source.tensors.get(&entry.name).ok_or_else(|| {
-                    Error::tensor(&self.src, &entry.name, "planned but not produced")
-                })?;
-                Ok(match working.changed(&entry.name) {
-                    // A folded parameter, stored back in the source's dtype.
-                    Some(values) => Tensor::from_f32(entry.shape.clone(), values)
-                        .to_float_dtype(source_tensor.dtype),
-                    None => source_tensor.clone(),
-                })
-            })?;
+            }
+            let source_tensor = source
+                .tensors
+                .get(&entry.name)
+                .ok_or_else(|| Error::tensor(&self.src, &entry.name, "planned but not produced"))?;
+            Ok(match working.changed(&entry.name) {
+                // A folded parameter, stored back in the source's dtype.
+                Some(values) => Tensor::from_f32(entry.shape.clone(), values)
+                    .to_float_dtype(source_tensor.dtype),
+                None => source_tensor.clone(),
+            })
+        })?;
 
         let spec = QuantizationSpec {
             schemes: layers
@@ -767,11 +792,11 @@ impl Quantizer {
         spec.validate()?;
         // Diagnostics only (verify --per-layer): the s of every group whose 1/s was folded into
         // another module, which the checkpoint's tensors no longer show.
-        checkpoint::write_smoothing_factors(staged.path(), &smoothing.folded_factors())?;
+        checkpoint::write_smoothing_factors(dir, &smoothing.folded_factors())?;
         let mut config = source.config.clone();
         config.format_version = 2;
         config.quantization = Some(spec);
-        write_config_and_tokenizer(staged.path(), source, config)?;
+        write_config_and_tokenizer(dir, source, config)?;
         let report = QuantizationReport {
             recipe: recipe.name.clone(),
             source_format: source.format.name().into(),
@@ -779,10 +804,9 @@ impl Quantizer {
             skipped: selection.skipped.clone(),
             kept_full_precision: layout.kept_full_precision.iter().cloned().collect(),
         };
-        checkpoint::write_json(&staged.path().join(REPORT_FILE), &report)?;
-        let output = staged.commit()?;
+        checkpoint::write_json(&dir.join(REPORT_FILE), &report)?;
         Ok(Outcome {
-            output,
+            output: dir.to_path_buf(),
             files_read,
             report: Some(report),
         })

@@ -35,6 +35,24 @@ pub struct NativeParts<'a> {
     pub tokenizer_files: &'a BTreeMap<String, PathBuf>,
 }
 
+/// How an architecture is laid out in Hugging Face transformers, for exports to the formats
+/// built on it (compressed-tensors).
+pub struct HfLayout {
+    /// The Hugging Face name of an OASR module or tensor.
+    pub name: fn(&str) -> String,
+    /// An OASR tensor in transformers' layout, when that differs (a convolution's axes).
+    pub relayout: fn(&str, &Tensor) -> Option<Tensor>,
+    /// Linear layers (Hugging Face names) that transformers ties to another tensor instead of
+    /// storing: full precision in every export.
+    pub tied_linears: &'static [&'static str],
+    /// Groups of layers (OASR names) that a server fuses into one GEMM, which must share one
+    /// scheme and one static input scale.
+    pub fused_groups: fn(&Checkpoint) -> Result<Vec<Vec<String>>>,
+    /// `config.json` without `quantization_config`, given the dtype of the unquantized
+    /// tensors, and every other file transformers reads (name, bytes).
+    pub files: fn(&Checkpoint, &str) -> Result<(serde_json::Value, Vec<(String, Vec<u8>)>)>,
+}
+
 /// One architecture.
 pub struct Architecture {
     /// The registry key in `oasr_config.json` (`architecture`).
@@ -49,6 +67,9 @@ pub struct Architecture {
     /// The runnable model of a full-precision checkpoint, searching with the given options
     /// (refusing by name those its search does not have).
     pub load: fn(&Checkpoint, &DecodeOptions) -> Result<Box<dyn SpeechModel>>,
+    /// Its Hugging Face layout, when transformers has the architecture (exports refuse the
+    /// others by name).
+    pub hf: Option<&'static HfLayout>,
 }
 
 /// Every architecture this version reads.

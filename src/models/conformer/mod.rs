@@ -39,4 +39,5 @@ pub static ARCHITECTURE: Architecture = Architecture {
     open_native: import::open_native,
     layout: import::layout,
     load: asr::load,
+    hf: None,
 };

@@ -4,6 +4,7 @@ mod asr;
 mod config;
 pub mod decoding;
 pub mod forward;
+mod hf_export;
 mod import;
 mod layout;
 
@@ -46,4 +47,5 @@ pub static ARCHITECTURE: Architecture = Architecture {
     open_native: import::open_native,
     layout: import::layout,
     load: asr::load,
+    hf: Some(&hf_export::HF_LAYOUT),
 };
