@@ -892,6 +892,14 @@ fn smoothing_rules(step: &AlgorithmStep) -> Result<smoothquant::SmoothingRules> 
             Error::option("smoothquant.runtime", format!("{v} is not true or false"))
         })?;
     }
+    if let Some(v) = step.options.get("shared_folds") {
+        rules.shared_folds = v.as_bool().ok_or_else(|| {
+            Error::option(
+                "smoothquant.shared_folds",
+                format!("{v} is not true or false"),
+            )
+        })?;
+    }
     if let Some(v) = step.options.get("floor") {
         match v.as_f64() {
             Some(f) if (0.0..1.0).contains(&f) => rules.floor = f as f32,

@@ -34,6 +34,14 @@ const BUILT_IN: &[(&str, &str)] = &[
         "smoothquant_fp8_w8a8_fused",
         include_str!("../recipes/smoothquant_fp8_w8a8_fused.toml"),
     ),
+    (
+        "smoothquant_w8a8_portable",
+        include_str!("../recipes/smoothquant_w8a8_portable.toml"),
+    ),
+    (
+        "smoothquant_fp8_w8a8_portable",
+        include_str!("../recipes/smoothquant_fp8_w8a8_portable.toml"),
+    ),
 ];
 
 /// One algorithm step of a recipe with its options.

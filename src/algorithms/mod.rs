@@ -28,7 +28,7 @@ const REGISTRY: &[Registered] = &[
     },
     Registered {
         name: "smoothquant",
-        options: &["alpha", "static_alpha", "runtime", "floor"],
+        options: &["alpha", "static_alpha", "runtime", "floor", "shared_folds"],
         missing: None,
         what: "SmoothQuant activation smoothing from calibration",
     },

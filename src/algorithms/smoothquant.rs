@@ -9,7 +9,7 @@ use crate::calibration::AbsMaxObserver;
 use crate::error::{Error, Result};
 use crate::format::SmoothFold;
 use crate::models::exec::{ce, Linear, LinearExec};
-use crate::models::QuantizationLayout;
+use crate::models::{QuantizationLayout, SmoothGroup};
 
 /// The largest finite f16.
 const F16_MAX: f32 = 65504.0;
@@ -82,6 +82,9 @@ pub struct SmoothingRules {
     pub runtime: bool,
     /// See [`factors`]: the floor on a channel's max, as a fraction of the median's.
     pub floor: f32,
+    /// Whether the layout's shared folds replace the runtime groups of their consumers
+    /// ([`QuantizationLayout::shared_folds`]).
+    pub shared_folds: bool,
 }
 
 impl Default for SmoothingRules {
@@ -89,22 +92,51 @@ impl Default for SmoothingRules {
         SmoothingRules {
             runtime: true,
             floor: 0.0,
+            shared_folds: false,
         }
     }
 }
 
+/// The groups `rules` smooth: the layout's, with the shared folds in place of the runtime groups
+/// they cover when asked, and without runtime groups unless allowed.
+fn active_groups(
+    layout: &QuantizationLayout,
+    rules: SmoothingRules,
+) -> impl Iterator<Item = &SmoothGroup> {
+    let shared: HashSet<&String> = if rules.shared_folds {
+        layout
+            .shared_folds
+            .iter()
+            .flat_map(|g| &g.consumers)
+            .collect()
+    } else {
+        HashSet::new()
+    };
+    let replaced = move |g: &SmoothGroup| {
+        g.fold == SmoothFold::Runtime && g.consumers.iter().all(|c| shared.contains(c))
+    };
+    layout
+        .smooth_groups
+        .iter()
+        .filter(move |g| !replaced(g))
+        .filter(move |g| g.fold != SmoothFold::Runtime || rules.runtime)
+        .chain(
+            layout
+                .shared_folds
+                .iter()
+                .filter(move |_| rules.shared_folds),
+        )
+}
+
 /// The layers whose weights (and, for a runtime group, input) [`plan_with`] would smooth under
-/// `rules`: every consumer of a group whose consumers are all quantized.
+/// `rules`: every consumer of an active group whose consumers are all quantized.
 pub fn smoothed_consumers(
     layout: &QuantizationLayout,
     quantized: &HashSet<String>,
     rules: SmoothingRules,
 ) -> HashSet<String> {
-    layout
-        .smooth_groups
-        .iter()
+    active_groups(layout, rules)
         .filter(|g| g.consumers.iter().all(|c| quantized.contains(c)))
-        .filter(|g| g.fold != SmoothFold::Runtime || rules.runtime)
         .flat_map(|g| g.consumers.iter().cloned())
         .collect()
 }
@@ -137,11 +169,9 @@ pub fn plan_with(
     rules: SmoothingRules,
 ) -> Result<Vec<SmoothedGroup>> {
     let mut groups = Vec::new();
-    for group in &layout.smooth_groups {
+    for group in active_groups(layout, rules) {
         // The same rule as `smoothed_consumers`.
-        if !group.consumers.iter().all(|c| quantized.contains(c))
-            || (group.fold == SmoothFold::Runtime && !rules.runtime)
-        {
+        if !group.consumers.iter().all(|c| quantized.contains(c)) {
             continue;
         }
         let alpha = alpha_of(&group.consumers);

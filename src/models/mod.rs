@@ -63,6 +63,11 @@ pub struct GemmChainLayout {
 pub struct QuantizationLayout {
     pub layers: Vec<QuantizableLayer>,
     pub smooth_groups: Vec<SmoothGroup>,
+    /// Folds one factor shared across layers can make in place of runtime smoothers (Whisper:
+    /// every decoder layer's cross-attention k/v read the encoder output, so one factor folds
+    /// into `encoder.layer_norm`); used when a recipe asks (`smoothquant.shared_folds`), and
+    /// then the runtime groups of the same consumers are not.
+    pub shared_folds: Vec<SmoothGroup>,
     pub gemm_chains: Vec<GemmChainLayout>,
     /// Tensors that always stay full precision, with the reason.
     pub kept_full_precision: Vec<(String, String)>,

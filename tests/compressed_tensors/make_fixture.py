@@ -185,7 +185,17 @@ def self_check(scheme: str, ckpt: Path, originals: dict, torch, transformers) ->
     for key, values in info.items():
         if values:
             problems.append(f"from_pretrained {key}: {sorted(map(str, values))[:10]}")
-    problems += [f"load message: {m}" for m in messages if _BAD.search(m)]
+    quantized = {n for n, m in model.named_modules() if hasattr(m, "quantization_scheme")}
+    for msg in messages:
+        if not _BAD.search(msg):
+            continue
+        # compressed-tensors 0.19 warns "Could not match `X`" for an exact-name target listed after
+        # a "Linear" target even though X matched (match_named_modules stops at the first target).
+        m = re.search(r"Could not match `([^`]+)`", msg)
+        if m and m.group(1) in quantized:
+            print(f"{scheme}: note: benign compressed-tensors warning: {msg}", flush=True)
+        else:
+            problems.append(f"load message: {msg}")
     with torch.no_grad():
         logits = model(input_features=torch.zeros(1, 80, 3000),
                        decoder_input_ids=torch.tensor([[50257, 50362]])).logits
@@ -206,7 +216,7 @@ def self_check(scheme: str, ckpt: Path, originals: dict, torch, transformers) ->
             bound = scale * 0.5 + 1e-6
         ratio = float(((w1 - w0).abs() / bound).max())
         worst = max(worst, ratio)
-    if worst > 1.01:
+    if worst > 1.1:  # fp16 rounding of w/scale adds up to ~0.03 units of scale
         problems.append(f"dequantized weights off by {worst:.3f}x the rounding bound")
     status = {str(getattr(getattr(m, "quantization_status", None), "value", None))
               for m in model.modules() if hasattr(m, "quantization_scheme")}

@@ -183,6 +183,17 @@ pub fn quantization_layout(c: &WhisperConfig) -> QuantizationLayout {
             });
         }
     }
+    // The encoder output feeds nothing but the cross-attention keys and values.
+    l.shared_folds.push(group(
+        Some("encoder.layer_norm".into()),
+        SmoothFold::NormAffine,
+        (0..c.decoder_layers)
+            .flat_map(|i| {
+                ["k_proj", "v_proj"].map(|p| format!("decoder.layers.{i}.encoder_attn.{p}"))
+            })
+            .collect(),
+        false,
+    ));
     l.batch_invariant = l
         .layers
         .iter()

@@ -1,0 +1,291 @@
+//! The compressed-tensors export of the real Whisper tiny.en: the `quantization_config` field by
+//! field, the tensors against the native checkpoint they came from, the files transformers
+//! reads, `--format compressed-tensors` on a quantization run, and every refusal by name.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use oasr_quantize::checkpoint::safetensors_io;
+use oasr_quantize::checkpoint::{DType, Tensor};
+use oasr_quantize::export::{export, ExportFormat};
+use oasr_quantize::Quantizer;
+use serde_json::{json, Value};
+
+const CT: ExportFormat = ExportFormat::CompressedTensors;
+
+fn quantize(dst: &Path, recipe: &str, extra: &[&str]) {
+    let mut q = Quantizer::new(common::tiny_en(), dst).recipe(recipe);
+    if recipe.starts_with("smoothquant") {
+        q = q.calib_manifest(common::manifests().0).calib_utterances(4);
+    }
+    for option in extra {
+        q = q.option(*option);
+    }
+    q.run().unwrap();
+}
+
+fn config(dir: &Path) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap()
+}
+
+fn tensors(dir: &Path) -> BTreeMap<String, Tensor> {
+    safetensors_io::read(&dir.join("model.safetensors")).unwrap()
+}
+
+#[test]
+fn int8_rtn_exports_as_compressed_tensors_writes_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (native, out) = (tmp.path().join("q"), tmp.path().join("ct"));
+    quantize(&native, "int8_w8a8_rtn", &[]);
+    let report = export(&native, &out, CT, false).unwrap();
+    assert_eq!((report.quantized_layers, report.config_groups), (64, 1));
+    assert_eq!(report.ignored, ["proj_out"]);
+
+    let c = config(&out);
+    assert_eq!(c["model_type"], "whisper");
+    assert_eq!(
+        c["architectures"],
+        json!(["WhisperForConditionalGeneration"])
+    );
+    assert_eq!(
+        (c["d_model"].clone(), c["encoder_layers"].clone()),
+        (json!(384), json!(4))
+    );
+    assert_eq!(c["tie_word_embeddings"], true);
+    assert_eq!(c["dtype"], "float16");
+    let arg = |strategy: &str, dynamic: bool| {
+        json!({"num_bits": 8, "type": "int", "symmetric": true, "group_size": null,
+               "strategy": strategy, "dynamic": dynamic})
+    };
+    assert_eq!(
+        c["quantization_config"],
+        json!({
+            "quant_method": "compressed-tensors",
+            "format": "int-quantized",
+            "quantization_status": "compressed",
+            "config_groups": {"group_0": {
+                "targets": ["Linear"],
+                "weights": arg("channel", false),
+                "input_activations": arg("token", true),
+                "output_activations": null,
+                "format": null,
+            }},
+            "ignore": ["proj_out"],
+            "kv_cache_scheme": null,
+            "global_compression_ratio": null,
+        })
+    );
+
+    let (q, e) = (tensors(&native), tensors(&out));
+    assert!(
+        e.keys().all(|k| k.starts_with("model.")),
+        "Hugging Face names"
+    );
+    assert!(!e.contains_key("proj_out.weight"), "tied to the embedding");
+    assert!(
+        e.keys().all(|k| !k.ends_with("k_proj.bias")),
+        "Whisper's k has no bias"
+    );
+    assert_eq!(e.len(), q.len());
+    let fc1 = "encoder.layers.0.fc1";
+    let w = &e[&format!("model.{fc1}.weight")];
+    assert_eq!((w.dtype, w.shape.clone()), (DType::I8, vec![1536, 384]));
+    assert_eq!(w.bytes(), q[&format!("{fc1}.weight")].bytes());
+    let s = &e[&format!("model.{fc1}.weight_scale")];
+    assert_eq!((s.dtype, s.shape.clone()), (DType::F32, vec![1536, 1]));
+    assert_eq!(s.to_f32(), q[&format!("{fc1}.weight_scale")].to_f32());
+    assert!(
+        !e.keys().any(|k| k.ends_with("input_scale")),
+        "dynamic inputs only"
+    );
+    // PyTorch's Conv1d layout [out, in, k].
+    let conv = &e["model.encoder.conv1.weight"];
+    assert_eq!(conv.shape, vec![384, 80, 3]);
+    assert_eq!(
+        conv.bytes(),
+        q["encoder.conv1.weight"].swap_last_two().bytes()
+    );
+
+    for file in [
+        "generation_config.json",
+        "preprocessor_config.json",
+        "tokenizer_config.json",
+    ] {
+        let _: Value =
+            serde_json::from_str(&std::fs::read_to_string(out.join(file)).unwrap()).unwrap();
+    }
+    assert_eq!(
+        std::fs::read(out.join("tokenizer.json")).unwrap(),
+        std::fs::read(common::tiny_en().join("tokenizer.json")).unwrap()
+    );
+    let g: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("generation_config.json")).unwrap())
+            .unwrap();
+    assert_eq!(g["no_timestamps_token_id"], 50362);
+    assert_eq!(g["forced_decoder_ids"], json!([[1, 50362]]));
+    assert_eq!(g["is_multilingual"], false);
+
+    // The source is untouched, and an existing output is replaced only with overwrite.
+    let e = export(&native, &out, CT, false).unwrap_err().to_string();
+    assert!(e.contains("--overwrite"), "{e}");
+    export(&native, &out, CT, true).unwrap();
+    assert_eq!(tensors(&out).len(), 231);
+}
+
+#[test]
+fn fp8_and_static_inputs_export_their_own_groups() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (native, out) = (tmp.path().join("q"), tmp.path().join("ct"));
+    quantize(&native, "smoothquant_fp8_w8a8_fused", &[]);
+    export(&native, &out, CT, false).unwrap();
+    let c = &config(&out)["quantization_config"];
+    assert_eq!(c["format"], "float-quantized");
+    let groups = c["config_groups"].as_object().unwrap();
+    assert_eq!(groups.len(), 2, "{groups:?}");
+    let e = tensors(&out);
+    let q = tensors(&native);
+    for g in groups.values() {
+        assert_eq!(g["weights"]["type"], "float");
+        let input = &g["input_activations"];
+        let targets: Vec<&str> = g["targets"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t.as_str().unwrap())
+            .collect();
+        let static_input = input["dynamic"] == false;
+        assert_eq!(
+            input["strategy"],
+            if static_input { "tensor" } else { "token" }
+        );
+        for t in targets {
+            let w = &e[&format!("{t}.weight")];
+            assert_eq!(w.dtype, DType::F8E4m3, "{t}");
+            let scale = e.get(&format!("{t}.input_scale"));
+            assert_eq!(scale.is_some(), static_input, "{t}");
+            if let Some(s) = scale {
+                assert_eq!(s.shape, vec![1]);
+                let oasr = t.strip_prefix("model.").unwrap();
+                assert_eq!(s.to_f32(), q[&format!("{oasr}.input_scale")].to_f32());
+            }
+        }
+    }
+    let ignore = c["ignore"].as_array().unwrap();
+    assert!(
+        ignore.contains(&json!("model.decoder.layers.0.fc2"))
+            && ignore.contains(&json!("proj_out"))
+    );
+}
+
+#[test]
+fn a_quantization_run_writes_compressed_tensors_directly() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (native, via, direct) = (
+        tmp.path().join("q"),
+        tmp.path().join("via"),
+        tmp.path().join("direct"),
+    );
+    quantize(&native, "smoothquant_w8a8_portable", &[]);
+    export(&native, &via, CT, false).unwrap();
+    Quantizer::new(common::tiny_en(), &direct)
+        .recipe("smoothquant_w8a8_portable")
+        .calib_manifest(common::manifests().0)
+        .calib_utterances(4)
+        .format(Some(CT))
+        .run()
+        .unwrap();
+    for file in ["config.json", "model.safetensors", "generation_config.json"] {
+        assert_eq!(
+            std::fs::read(via.join(file)).unwrap(),
+            std::fs::read(direct.join(file)).unwrap(),
+            "{file}"
+        );
+    }
+    assert!(direct.join("quantization_report.json").is_file());
+    assert!(!direct.join(".oasr-native").exists());
+    // The portable recipe folds the cross-attention k/v into the encoder's final norm.
+    let spec: Value =
+        serde_json::from_str(&std::fs::read_to_string(native.join("oasr_config.json")).unwrap())
+            .unwrap();
+    let k = &spec["quantization"]["layers"]["decoder.layers.3.encoder_attn.k_proj"];
+    assert_eq!(
+        (k["smooth"].clone(), k["smoothed_into"].clone()),
+        (json!("norm_affine"), json!("encoder.layer_norm"))
+    );
+}
+
+#[test]
+fn what_compressed_tensors_cannot_say_is_refused_by_name() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("ct");
+
+    // A runtime smoother (smooth_inv): the layers and the recipe to use instead.
+    let runtime = tmp.path().join("runtime");
+    quantize(&runtime, "smoothquant_w8a8", &["smoothquant.runtime=true"]);
+    let e = export(&runtime, &out, CT, false).unwrap_err().to_string();
+    assert!(
+        e.contains("runtime smoother")
+            && e.contains("smoothquant_w8a8_portable")
+            && e.contains("encoder_attn.k_proj"),
+        "{e}"
+    );
+    // The same refusal on a quantization run, with nothing left behind.
+    let e = Quantizer::new(common::tiny_en(), &out)
+        .recipe("smoothquant_w8a8")
+        .option("smoothquant.runtime=true")
+        .calib_manifest(common::manifests().0)
+        .calib_utterances(2)
+        .format(Some(CT))
+        .run()
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("runtime smoother"), "{e}");
+    assert!(!out.exists());
+    let leftovers: Vec<_> = std::fs::read_dir(tmp.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
+        .filter(|n| n.starts_with('.'))
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+
+    // vLLM fuses q/k/v: a k left full precision splits one GEMM into two schemes.
+    let split = tmp.path().join("split");
+    Quantizer::new(common::tiny_en(), &split)
+        .ignore("decoder.layers.1.self_attn.k_proj")
+        .run()
+        .unwrap();
+    let e = export(&split, &out, CT, false).unwrap_err().to_string();
+    assert!(
+        e.contains("decoder.layers.1.self_attn.q_proj, decoder.layers.1.self_attn.k_proj")
+            && e.contains("full precision"),
+        "{e}"
+    );
+
+    // An fp8 KV cache scaled at run time has no k/v scales to export.
+    let kv = tmp.path().join("kv");
+    quantize(&kv, "int8_w8a8_rtn", &[]);
+    let path = kv.join("oasr_config.json");
+    let mut c: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    c["quantization"]["kv_cache"] = json!("fp8_e4m3");
+    std::fs::write(&path, serde_json::to_string(&c).unwrap()).unwrap();
+    let e = export(&kv, &out, CT, false).unwrap_err().to_string();
+    assert!(e.contains("KV cache"), "{e}");
+
+    // An architecture transformers does not have.
+    let conformer =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/wenet/espnet/wenet-small");
+    let e = export(&conformer, &out, CT, false).unwrap_err().to_string();
+    assert!(
+        e.contains("u2pp_conformer") && e.contains("not implemented"),
+        "{e}"
+    );
+
+    // An output inside the input.
+    let e = export(&kv, &kv.join("ct"), CT, false)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("inside the input"), "{e}");
+    assert!(!out.exists());
+}
