@@ -20,7 +20,7 @@ use crate::error::{Error, Result};
 use crate::format::{
     Granularity, ModuleKind, QuantArgs, QuantDtype, QuantizationSpec, Scheme, SmoothFold,
 };
-use crate::models::registry::{architecture, layout_of, HfLayout};
+use crate::models::registry::{architecture, layout_of, HfFiles, HfLayout};
 
 /// A format `oasr-quantize export` writes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -359,7 +359,7 @@ pub(crate) fn export_into(src: &Path, dir: &Path, format: ExportFormat) -> Resul
         .max_by_key(|(_, n)| **n)
         .map_or(DType::F32, |(d, _)| *d);
 
-    let (mut config, files) = (hf.files)(&ckpt, torch_dtype(dtype))?;
+    let HfFiles { mut config, files } = (hf.files)(&ckpt, torch_dtype(dtype))?;
     if let Some(spec) = spec {
         config["quantization_config"] = quantization_config(spec, &hf_name, &ignored)?;
     }

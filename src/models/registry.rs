@@ -50,7 +50,15 @@ pub struct HfLayout {
     pub fused_groups: fn(&Checkpoint) -> Result<Vec<Vec<String>>>,
     /// `config.json` without `quantization_config`, given the dtype of the unquantized
     /// tensors, and every other file transformers reads (name, bytes).
-    pub files: fn(&Checkpoint, &str) -> Result<(serde_json::Value, Vec<(String, Vec<u8>)>)>,
+    pub files: fn(&Checkpoint, &str) -> Result<HfFiles>,
+}
+
+/// What an export writes besides the weights.
+pub struct HfFiles {
+    /// `config.json`, without `quantization_config`.
+    pub config: serde_json::Value,
+    /// Every other file (generation and preprocessor configs, the tokenizer): name, bytes.
+    pub files: Vec<(String, Vec<u8>)>,
 }
 
 /// One architecture.

@@ -12,7 +12,7 @@ use super::WhisperConfig;
 use crate::checkpoint::{Checkpoint, Tensor, CONFIG_FILE};
 use crate::error::{Error, Result};
 use crate::frontend::whisper_logmel::{HOP_LENGTH, N_FFT, N_FRAMES, N_SAMPLES, SAMPLE_RATE};
-use crate::models::registry::HfLayout;
+use crate::models::registry::{HfFiles, HfLayout};
 
 /// Whisper's Hugging Face layout.
 pub static HF_LAYOUT: HfLayout = HfLayout {
@@ -88,7 +88,7 @@ fn added_tokens(ckpt: &Checkpoint) -> Result<(BTreeMap<String, u32>, Vec<u8>)> {
 }
 
 /// `config.json` (without `quantization_config`) and the other files transformers reads.
-fn files(ckpt: &Checkpoint, dtype: &str) -> Result<(Value, Vec<(String, Vec<u8>)>)> {
+fn files(ckpt: &Checkpoint, dtype: &str) -> Result<HfFiles> {
     let config_path = ckpt.dir.join(CONFIG_FILE);
     let c = native_model_config(&config_path, &ckpt.config)?;
     let (ids, tokenizer) = added_tokens(ckpt)?;
@@ -179,15 +179,15 @@ fn files(ckpt: &Checkpoint, dtype: &str) -> Result<(Value, Vec<(String, Vec<u8>)
         "model_max_length": 1024,
     });
     let pretty = |v: &Value| serde_json::to_vec_pretty(v).unwrap_or_default();
-    Ok((
+    Ok(HfFiles {
         config,
-        vec![
+        files: vec![
             ("generation_config.json".into(), pretty(&generation)),
             ("preprocessor_config.json".into(), pretty(&preprocessor)),
             ("tokenizer_config.json".into(), pretty(&tokenizer_config)),
             ("tokenizer.json".into(), tokenizer),
         ],
-    ))
+    })
 }
 
 /// The forced (position, token) pairs with a known token.
