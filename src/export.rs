@@ -17,9 +17,8 @@ use crate::checkpoint::safetensors_io::{StreamWriter, TensorPlan};
 use crate::checkpoint::StagedDir;
 use crate::checkpoint::{Checkpoint, DType, Tensor, CONFIG_FILE, WEIGHTS_FILE};
 use crate::error::{Error, Result};
-use crate::format::{
-    Granularity, ModuleKind, QuantArgs, QuantDtype, QuantizationSpec, Scheme, SmoothFold,
-};
+use crate::format::compressed_tensors as ct;
+use crate::format::{ModuleKind, QuantDtype, QuantizationSpec, Scheme, SmoothFold};
 use crate::models::registry::{architecture, layout_of, HfFiles, HfLayout};
 
 /// A format `oasr-quantize export` writes.
@@ -77,38 +76,6 @@ pub struct ExportReport {
     pub seconds: f64,
 }
 
-/// The compressed-tensors name of a scheme's 8-bit type.
-fn ct_type(dtype: QuantDtype) -> &'static str {
-    match dtype {
-        QuantDtype::Int8 => "int",
-        QuantDtype::Float8E4m3fn => "float",
-    }
-}
-
-/// One tensor's quantization arguments, exactly the keys compressed-tensors' `QuantizationArgs`
-/// accepts (it forbids unknown ones); `what` names the scheme in a refusal.
-fn ct_args(args: &QuantArgs, what: &str) -> Result<Value> {
-    if !args.symmetric {
-        return Err(Error::Scheme {
-            name: what.into(),
-            message: "asymmetric quantization has no export here".into(),
-        });
-    }
-    let strategy = match args.granularity {
-        Granularity::PerChannel => "channel",
-        Granularity::PerToken => "token",
-        Granularity::PerTensor => "tensor",
-    };
-    Ok(json!({
-        "num_bits": 8,
-        "type": ct_type(args.dtype),
-        "symmetric": true,
-        "group_size": null,
-        "strategy": strategy,
-        "dynamic": args.dynamic,
-    }))
-}
-
 /// Refuses what compressed-tensors cannot express, naming the layers at fault.
 fn check_expressible(src: &Path, spec: &QuantizationSpec, fused: &[Vec<String>]) -> Result<()> {
     let refuse = |message: String| Error::Export {
@@ -142,7 +109,7 @@ fn check_expressible(src: &Path, spec: &QuantizationSpec, fused: &[Vec<String>])
     let dtypes: BTreeSet<&str> = spec
         .layers
         .values()
-        .map(|l| ct_type(l.scheme.dtype()))
+        .map(|l| ct::type_name(l.scheme.dtype()))
         .collect();
     if dtypes.len() > 1 {
         return Err(refuse(
@@ -232,15 +199,14 @@ fn quantization_config(
     }
     let single = by_scheme.len() == 1;
     let mut groups = serde_json::Map::new();
-    let mut format = "int-quantized";
+    let mut format = ct::format_name(QuantDtype::Int8);
     for (i, (scheme, layers)) in by_scheme.iter().enumerate() {
         let args = spec.schemes.get(*scheme).ok_or_else(|| Error::Scheme {
             name: scheme.to_string(),
             message: "used by a layer but missing from `quantization.schemes`".into(),
         })?;
-        if args.weight.dtype == QuantDtype::Float8E4m3fn {
-            format = "float-quantized";
-        }
+        format = ct::format_name(args.weight.dtype);
+        let group_format = format;
         let targets = if single {
             vec!["Linear".to_string()]
         } else {
@@ -250,15 +216,15 @@ fn quantization_config(
             format!("group_{i}"),
             json!({
                 "targets": targets,
-                "weights": ct_args(&args.weight, scheme)?,
-                "input_activations": ct_args(&args.input, scheme)?,
+                "weights": ct::args_json(&args.weight, scheme)?,
+                "input_activations": ct::args_json(&args.input, scheme)?,
                 "output_activations": null,
-                "format": null,
+                "format": group_format,
             }),
         );
     }
     Ok(json!({
-        "quant_method": "compressed-tensors",
+        "quant_method": ct::QUANT_METHOD,
         "format": format,
         "quantization_status": "compressed",
         "config_groups": groups,

@@ -6,6 +6,7 @@ mod scheme;
 mod spec;
 
 pub use crate::numerics::QuantDtype;
+pub mod compressed_tensors;
 pub use quant_args::{Granularity, QuantArgs};
 pub use scheme::{Scheme, SchemeArgs};
 pub use spec::{

@@ -404,6 +404,7 @@ class LoadedModel:
         self.role = role
         self.problems: list[str] = []
         self.notes: list[str] = []
+        self.generate_messages: list[str] = []  # distinct, e.g. max_new_tokens vs max_length
         for name in ("config.json", "model.safetensors", "tokenizer.json",
                      "preprocessor_config.json", "generation_config.json"):
             if not (path / name).is_file():
@@ -495,8 +496,11 @@ class LoadedModel:
         return fe.input_features.to(dtype=torch.float32, device=self.device)
 
     def transcribe(self, feats, torch) -> dict:
-        with torch.no_grad():
+        with torch.no_grad(), capture_messages() as messages:
             out = self.model.generate(input_features=feats, **self.gen_kwargs)
+        for msg in messages:
+            if msg not in self.generate_messages:
+                self.generate_messages.append(msg)
         seq = out if isinstance(out, torch.Tensor) else out["sequences"]
         ids = [int(x) for x in seq[0].tolist()]
         # The output may or may not start with the prompt; every id >= eot is special in Whisper.
@@ -700,6 +704,7 @@ def main(argv=None) -> int:
             "load": {"ok": not q.problems, "problems": q.problems, "notes": q.notes,
                      "messages": q.load_messages, "warmup_messages": q.warmup_messages,
                      "processor_messages": q.processor_messages,
+                     "generate_messages": q.generate_messages,
                      "loading_info": q.loading_info, "seconds": q.load_seconds,
                      "quantization": q.quant, "prompt": q.prompt,
                      "quantization_config_format": (q.qconfig or {}).get("format")},
@@ -759,6 +764,7 @@ def main(argv=None) -> int:
             "ok": not fp.problems, "problems": fp.problems, "notes": fp.notes,
             "messages": fp.load_messages,
             "warmup_messages": fp.warmup_messages, "processor_messages": fp.processor_messages,
+            "generate_messages": fp.generate_messages,
             "loading_info": fp.loading_info, "seconds": fp.load_seconds, "prompt": fp.prompt}},
         "quantized": results,
         "transcripts": per_utt,

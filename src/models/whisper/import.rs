@@ -630,6 +630,21 @@ pub fn import_hf(dir: &Path) -> Result<Checkpoint> {
     let config_path = dir.join("config.json");
     let weights_path = dir.join("model.safetensors");
     let hf = json_object(&config_path)?;
+    if let Some(q) = hf.get("quantization_config") {
+        let method = q
+            .get("quant_method")
+            .and_then(|m| m.as_str())
+            .unwrap_or("unknown");
+        return Err(Error::NotImplemented {
+            what: format!("reading a quantized Hugging Face checkpoint (`quantization_config.quant_method` {method})"),
+            detail: format!(
+                "{} holds quantized weights, not a full-precision source; importing a \
+                 compressed-tensors checkpoint for `inspect` and `verify` is not in this version \
+                 (docs/format.md)",
+                crate::error::shown(&config_path)
+            ),
+        });
+    }
     let source = safetensors_io::read(&weights_path)?;
     let mut tensors = BTreeMap::new();
     for (name, tensor) in source {
