@@ -3,8 +3,9 @@
 //! read, as llm-compressor writes it. What the format cannot say is refused by name, never
 //! dropped: a runtime smoother (`smooth_inv`), an fp8 KV cache scaled at run time, int8 and fp8
 //! in one checkpoint, and projections a server fuses that disagree in scheme or static scale.
-//! The OASR server's links (fused norms, GEMM chains) compute exactly what the unfused layers
-//! compute, so the export leaves them out and records nothing it cannot honour.
+//! The OASR server's links (fused norms, GEMM chains) are how it runs the layers, not what they
+//! hold: the export leaves them out and records nothing it cannot honour (reading the export
+//! back arms them again from the layout, as the quantizer does).
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};

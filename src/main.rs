@@ -495,7 +495,7 @@ fn export(src: PathBuf, dst: PathBuf, format: &str, overwrite: bool, json: bool)
     }
     if r.links_left_out > 0 {
         println!(
-            "  {} OASR server links (fused norms, GEMM chains) left out: the exported layers compute the same",
+            "  {} OASR server links (fused norms, GEMM chains) left out: compressed-tensors has no field for them (reading the export back arms them again)",
             r.links_left_out
         );
     }

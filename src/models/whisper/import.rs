@@ -10,6 +10,7 @@ use crate::checkpoint::{
     Tensor, TokenizerSpec,
 };
 use crate::error::{Error, Result};
+use crate::format::compressed_tensors as ct;
 use crate::format::{QuantDtype, QuantizationSpec, SmoothFold};
 use crate::models::registry::NativeParts;
 use crate::models::QuantizationLayout;
@@ -490,8 +491,9 @@ fn finish(
     config: WhisperConfig,
     tensors: BTreeMap<String, Tensor>,
     files_read: Vec<PathBuf>,
+    spec: Option<&QuantizationSpec>,
 ) -> Result<Checkpoint> {
-    validate(weights, &config, &tensors, None)?;
+    validate(weights, &config, &tensors, spec)?;
     let tokenizer = dir.join("tokenizer.json");
     let mut tokenizer_files = BTreeMap::new();
     tokenizer_files.insert("tokenizer".to_string(), tokenizer);
@@ -630,21 +632,20 @@ pub fn import_hf(dir: &Path) -> Result<Checkpoint> {
     let config_path = dir.join("config.json");
     let weights_path = dir.join("model.safetensors");
     let hf = json_object(&config_path)?;
-    if let Some(q) = hf.get("quantization_config") {
-        let method = q
-            .get("quant_method")
-            .and_then(|m| m.as_str())
-            .unwrap_or("unknown");
-        return Err(Error::NotImplemented {
-            what: format!("reading a quantized Hugging Face checkpoint (`quantization_config.quant_method` {method})"),
-            detail: format!(
-                "{} holds quantized weights, not a full-precision source; importing a \
-                 compressed-tensors checkpoint for `inspect` and `verify` is not in this version \
-                 (docs/format.md)",
-                crate::error::shown(&config_path)
-            ),
-        });
-    }
+    let compressed = match super::import_ct::quant_method(&hf) {
+        None => false,
+        Some(ct::QUANT_METHOD) => true,
+        Some(method) => {
+            return Err(Error::NotImplemented {
+                what: format!("reading a `{method}` quantized Hugging Face checkpoint"),
+                detail: format!(
+                    "{} holds quantized weights; of the quantized Hugging Face formats this \
+                     version reads compressed-tensors (W8A8) only",
+                    crate::error::shown(&config_path)
+                ),
+            })
+        }
+    };
     let source = safetensors_io::read(&weights_path)?;
     let mut tensors = BTreeMap::new();
     for (name, tensor) in source {
@@ -766,18 +767,40 @@ pub fn import_hf(dir: &Path) -> Result<Checkpoint> {
         }
     }
     check_imported(&claimed, origin)?;
+    let spec = if compressed {
+        Some(super::import_ct::read(
+            &config_path,
+            &weights_path,
+            &hf,
+            &config,
+            &mut tensors,
+        )?)
+    } else {
+        None
+    };
     let mut files_read = vec![config_path, weights_path.clone(), tokenizer];
     if gen.is_some() {
         files_read.push(generation);
     }
-    finish(
+    let format = if compressed {
+        super::CT_WHISPER
+    } else {
+        super::HF_WHISPER
+    };
+    let mut ckpt = finish(
         dir,
         &weights_path,
-        SourceFormat::Import(super::HF_WHISPER),
+        SourceFormat::Import(format),
         config,
         tensors,
         files_read,
-    )
+        spec.as_ref(),
+    )?;
+    if let Some(spec) = spec {
+        ckpt.config.format_version = 2;
+        ckpt.config.quantization = Some(spec);
+    }
+    Ok(ckpt)
 }
 
 /// Maps one CTranslate2 Whisper variable to its OASR name(s); fused projections are split.
@@ -1044,6 +1067,7 @@ pub fn import_ct2(dir: &Path) -> Result<Checkpoint> {
         config,
         tensors,
         vec![bin.clone(), config_path, tokenizer],
+        None,
     )
 }
 

@@ -6,6 +6,7 @@ pub mod decoding;
 pub mod forward;
 mod hf_export;
 mod import;
+mod import_ct;
 mod layout;
 
 use super::registry::{Architecture, SourceKind};
@@ -25,6 +26,8 @@ pub const NAME: &str = "whisper";
 /// The source-format names provenance records.
 pub const HF_WHISPER: &str = "hf_whisper";
 pub const CT2_WHISPER: &str = "ctranslate2_whisper";
+/// A Hugging Face Whisper with a compressed-tensors `quantization_config` (read as quantized).
+pub const CT_WHISPER: &str = "compressed_tensors_whisper";
 
 /// Whisper in the architecture registry.
 pub static ARCHITECTURE: Architecture = Architecture {
