@@ -485,3 +485,82 @@ fn the_export_matches_what_compressed_tensors_writes() {
         assert_eq!((scale.dtype, scale.shape.clone()), (DType::F32, vec![1]));
     }
 }
+
+/// A Hugging Face source in shards (`model-0000N-of-0000M.safetensors` with
+/// `model.safetensors.index.json`) reads as the same checkpoint as one `model.safetensors`; an
+/// index that disagrees with its shards is refused naming the shard and the tensor. The
+/// single-file source is this tool's full-precision export of the real tiny.en.
+#[test]
+fn a_sharded_hugging_face_source_reads_as_one_file() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (single, sharded) = (tmp.path().join("hf"), tmp.path().join("sharded"));
+    export(&common::tiny_en(), &single, CT, false).unwrap();
+    std::fs::create_dir_all(&sharded).unwrap();
+    for f in ["config.json", "tokenizer.json", "generation_config.json"] {
+        std::fs::copy(single.join(f), sharded.join(f)).unwrap();
+    }
+    let all = tensors(&single);
+    let names: Vec<&String> = all.keys().collect();
+    let mut map = serde_json::Map::new();
+    for (i, chunk) in names.chunks(names.len().div_ceil(3)).enumerate() {
+        let file = format!("model-{:05}-of-00003.safetensors", i + 1);
+        let views: Vec<(String, safetensors::tensor::TensorView)> = chunk
+            .iter()
+            .map(|n| {
+                let t = &all[*n];
+                let dtype = match t.dtype {
+                    DType::F16 => safetensors::Dtype::F16,
+                    other => panic!("{other}"),
+                };
+                map.insert(n.to_string(), json!(file));
+                (
+                    n.to_string(),
+                    safetensors::tensor::TensorView::new(dtype, t.shape.clone(), t.bytes())
+                        .unwrap(),
+                )
+            })
+            .collect();
+        safetensors::serialize_to_file(views, &None, &sharded.join(&file)).unwrap();
+    }
+    let index = sharded.join("model.safetensors.index.json");
+    let write_index = |map: &serde_json::Map<String, Value>| {
+        std::fs::write(
+            &index,
+            serde_json::to_string(&json!({"metadata": {}, "weight_map": map})).unwrap(),
+        )
+        .unwrap()
+    };
+    write_index(&map);
+    let open = oasr_quantize::checkpoint::Checkpoint::open;
+    let (a, b) = (open(&single).unwrap(), open(&sharded).unwrap());
+    assert_eq!(a.tensors.len(), b.tensors.len());
+    for (name, t) in &a.tensors {
+        assert_eq!(t.bytes(), b.tensors[name].bytes(), "{name}");
+    }
+    let (qa, qb) = (tmp.path().join("qa"), tmp.path().join("qb"));
+    Quantizer::new(&single, &qa).run().unwrap();
+    Quantizer::new(&sharded, &qb).run().unwrap();
+    assert_eq!(
+        std::fs::read(qa.join("model.safetensors")).unwrap(),
+        std::fs::read(qb.join("model.safetensors")).unwrap()
+    );
+    // The index names a tensor in the wrong shard.
+    let moved = "model.decoder.embed_tokens.weight";
+    let wrong = if map[moved] == json!("model-00001-of-00003.safetensors") {
+        "model-00002-of-00003.safetensors"
+    } else {
+        "model-00001-of-00003.safetensors"
+    };
+    let mut bad = map.clone();
+    bad.insert(moved.into(), json!(wrong));
+    write_index(&bad);
+    let e = open(&sharded).unwrap_err().to_string();
+    // Whichever shard is read first is named: the one that lacks the tensor, or the one that
+    // holds it unlisted.
+    assert!(
+        e.contains(moved)
+            && e.contains("-of-00003.safetensors")
+            && (e.contains("weight_map") || e.contains("lacks it")),
+        "{e}"
+    );
+}

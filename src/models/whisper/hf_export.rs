@@ -24,7 +24,7 @@ pub static HF_LAYOUT: HfLayout = HfLayout {
 };
 
 /// The Hugging Face name of an OASR module or tensor (`proj_out` is tied, never stored).
-fn hf_name(name: &str) -> String {
+pub(super) fn hf_name(name: &str) -> String {
     format!("model.{name}")
 }
 

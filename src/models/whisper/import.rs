@@ -630,7 +630,7 @@ fn hf_claimed(
 /// forward (the key at fault is named).
 pub fn import_hf(dir: &Path) -> Result<Checkpoint> {
     let config_path = dir.join("config.json");
-    let weights_path = dir.join("model.safetensors");
+    let (weights_path, source, shards) = read_hf_weights(dir)?;
     let hf = json_object(&config_path)?;
     let compressed = match super::import_ct::quant_method(&hf) {
         None => false,
@@ -646,7 +646,6 @@ pub fn import_hf(dir: &Path) -> Result<Checkpoint> {
             })
         }
     };
-    let source = safetensors_io::read(&weights_path)?;
     let mut tensors = BTreeMap::new();
     for (name, tensor) in source {
         if name == "proj_out.weight" {
@@ -778,7 +777,9 @@ pub fn import_hf(dir: &Path) -> Result<Checkpoint> {
     } else {
         None
     };
-    let mut files_read = vec![config_path, weights_path.clone(), tokenizer];
+    let mut files_read = vec![config_path, weights_path.clone()];
+    files_read.extend(shards);
+    files_read.push(tokenizer);
     if gen.is_some() {
         files_read.push(generation);
     }
@@ -1071,14 +1072,81 @@ pub fn import_ct2(dir: &Path) -> Result<Checkpoint> {
     )
 }
 
-/// Hugging Face Whisper: `config.json` with `model_type` "whisper" beside `model.safetensors`.
+/// The index of a sharded Hugging Face checkpoint.
+const HF_INDEX: &str = "model.safetensors.index.json";
+
+/// A Hugging Face checkpoint's tensors: `model.safetensors`, or the shards its
+/// `model.safetensors.index.json` maps every tensor to, each memory-mapped (never concatenated).
+/// Returns the file to blame for the tensors (the weights file or the index), the tensors, and
+/// the shards read.
+fn read_hf_weights(dir: &Path) -> Result<(PathBuf, BTreeMap<String, Tensor>, Vec<PathBuf>)> {
+    let single = dir.join("model.safetensors");
+    let index_path = dir.join(HF_INDEX);
+    if !index_path.is_file() {
+        return Ok((single.clone(), safetensors_io::read(&single)?, Vec::new()));
+    }
+    if single.is_file() {
+        return Err(Error::corrupt(
+            dir,
+            format!("holds both model.safetensors and {HF_INDEX}; keep one"),
+        ));
+    }
+    let index = json_object(&index_path)?;
+    let map = index
+        .get("weight_map")
+        .and_then(|m| m.as_object())
+        .ok_or_else(|| Error::config_key(&index_path, "weight_map", "missing or not an object"))?;
+    let mut by_shard: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+    for (tensor, shard) in map {
+        let shard = shard
+            .as_str()
+            .filter(|s| !s.contains('/') && !s.contains('\\') && s.ends_with(".safetensors"));
+        let Some(shard) = shard else {
+            return Err(Error::config_key(
+                &index_path,
+                format!("weight_map.{tensor}"),
+                "is not a .safetensors file name in the checkpoint directory",
+            ));
+        };
+        by_shard.entry(shard).or_default().push(tensor);
+    }
+    let mut tensors = BTreeMap::new();
+    let mut shards = Vec::new();
+    for (shard, names) in by_shard {
+        let path = dir.join(shard);
+        let mut read = safetensors_io::read(&path)?;
+        for name in names {
+            let t = read.remove(name).ok_or_else(|| {
+                Error::tensor(
+                    &path,
+                    name,
+                    format!("{HF_INDEX} maps it to this shard, which lacks it"),
+                )
+            })?;
+            tensors.insert(name.to_string(), t);
+        }
+        if let Some(extra) = read.keys().next() {
+            return Err(Error::tensor(
+                &path,
+                extra,
+                format!("in the shard but not in {HF_INDEX}'s weight_map"),
+            ));
+        }
+        shards.push(path);
+    }
+    Ok((index_path, tensors, shards))
+}
+
+/// Hugging Face Whisper: `config.json` with `model_type` "whisper" beside `model.safetensors` or
+/// the index of its shards.
 pub(crate) fn detect_hf(dir: &Path) -> Result<bool> {
     let is_whisper = || -> Option<bool> {
         let text = std::fs::read_to_string(dir.join("config.json")).ok()?;
         let json: serde_json::Value = serde_json::from_str(&text).ok()?;
         Some(json.get("model_type")?.as_str()? == "whisper")
     };
-    Ok(dir.join("model.safetensors").is_file() && is_whisper() == Some(true))
+    let weights = dir.join("model.safetensors").is_file() || dir.join(HF_INDEX).is_file();
+    Ok(weights && is_whisper() == Some(true))
 }
 
 /// CTranslate2: `model.bin` whose header names a model spec, beside `config.json`. The spec

@@ -101,7 +101,7 @@ pub(crate) fn read(
         if layer.kind != ModuleKind::Linear {
             continue;
         }
-        let hf_name = format!("model.{}", layer.name);
+        let hf_name = super::hf_export::hf_name(&layer.name);
         let mut ignored = false;
         for i in &ignore {
             ignored |= ct::matches(i, &hf_name, "Linear").map_err(|m| key_error("ignore", m))?;

@@ -36,7 +36,7 @@ pub static ARCHITECTURE: Architecture = Architecture {
         SourceKind {
             name: HF_WHISPER,
             described:
-                "config.json with model_type \"whisper\" + model.safetensors (Hugging Face Whisper)",
+                "config.json with model_type \"whisper\" + model.safetensors or its shards with model.safetensors.index.json (Hugging Face Whisper)",
             detect: import::detect_hf,
             import: import::import_hf,
         },
