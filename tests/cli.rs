@@ -44,12 +44,12 @@ fn quantize_inspect_and_recipes() {
 
     let (ok, out, _) = cli(&["recipes"]);
     assert!(ok);
-    // One line per recipe, and a second for the four that keep layers full precision.
-    assert_eq!(out.lines().count(), 10, "{out}");
+    // One line per recipe, and a second for the six that keep layers full precision.
+    assert_eq!(out.lines().count(), 14, "{out}");
     assert_eq!(
         out.matches("keeps full precision: decoder.layers.*.fc2")
             .count(),
-        4,
+        6,
         "{out}"
     );
     assert!(out.lines().next().unwrap().starts_with("int8_w8a8_rtn "));
