@@ -14,9 +14,9 @@ use std::path::Path;
 use serde::Serialize;
 use serde_json::{json, Value};
 
-use crate::checkpoint::safetensors_io::{StreamWriter, TensorPlan};
-use crate::checkpoint::StagedDir;
-use crate::checkpoint::{Checkpoint, DType, Tensor, CONFIG_FILE, WEIGHTS_FILE};
+use crate::checkpoint::{
+    write_weights, Checkpoint, DType, StagedDir, Tensor, TensorPlan, CONFIG_FILE,
+};
 use crate::error::{Error, Result};
 use crate::format::compressed_tensors as ct;
 use crate::format::{ModuleKind, QuantDtype, QuantizationSpec, Scheme, SmoothFold};
@@ -352,11 +352,8 @@ pub(crate) fn export_into(src: &Path, dir: &Path, format: ExportFormat) -> Resul
         })
         .collect();
     let weight_bytes = plan.iter().map(|p| p.byte_len() as u64).sum();
-    let mut writer = StreamWriter::create(&dir.join(WEIGHTS_FILE), plan)?;
-    for (name, t) in &out {
-        writer.write(name, t)?;
-    }
-    writer.finish()?;
+    // A clone of a mapped tensor shares its mapping: nothing is copied.
+    write_weights(dir, plan, |entry| Ok(out[&entry.name].as_ref().clone()))?;
     Ok(ExportReport {
         source: src.display().to_string(),
         output: dir.display().to_string(),

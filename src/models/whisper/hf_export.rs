@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 
 use serde_json::{json, Value};
 
-use super::import::native_model_config;
+use super::import::{native_model_config, SpecialTokens};
 use super::WhisperConfig;
 use crate::checkpoint::{Checkpoint, Tensor, CONFIG_FILE};
 use crate::error::{Error, Result};
@@ -63,45 +63,19 @@ fn fused_groups(ckpt: &Checkpoint) -> Result<Vec<Vec<String>>> {
     Ok(groups)
 }
 
-/// The added tokens of the checkpoint's `tokenizer.json`, content to id.
-fn added_tokens(ckpt: &Checkpoint) -> Result<(BTreeMap<String, u32>, Vec<u8>)> {
-    let path = ckpt
-        .tokenizer_files
-        .get("tokenizer")
-        .ok_or_else(|| Error::corrupt(&ckpt.dir, "the Whisper checkpoint has no tokenizer.json"))?;
-    let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
-    let json: Value = serde_json::from_slice(&bytes)
-        .map_err(|e| Error::corrupt(path, format!("invalid tokenizer.json: {e}")))?;
-    let ids = json
-        .get("added_tokens")
-        .and_then(Value::as_array)
-        .ok_or_else(|| Error::corrupt(path, "tokenizer.json has no `added_tokens` list"))?
-        .iter()
-        .filter_map(|t| {
-            Some((
-                t.get("content")?.as_str()?.to_string(),
-                u32::try_from(t.get("id")?.as_u64()?).ok()?,
-            ))
-        })
-        .collect();
-    Ok((ids, bytes))
-}
-
 /// `config.json` (without `quantization_config`) and the other files transformers reads.
 fn files(ckpt: &Checkpoint, dtype: &str) -> Result<HfFiles> {
     let config_path = ckpt.dir.join(CONFIG_FILE);
     let c = native_model_config(&config_path, &ckpt.config)?;
-    let (ids, tokenizer) = added_tokens(ckpt)?;
-    let token = |content: &str| {
-        ids.get(content).copied().ok_or_else(|| {
-            Error::corrupt(
-                &ckpt.dir,
-                format!("tokenizer.json has no added token {content}"),
-            )
-        })
-    };
+    let tokenizer_path = ckpt
+        .tokenizer_files
+        .get("tokenizer")
+        .ok_or_else(|| Error::corrupt(&ckpt.dir, "the Whisper checkpoint has no tokenizer.json"))?;
+    let special = SpecialTokens::read(tokenizer_path)?;
+    let tokenizer = std::fs::read(tokenizer_path).map_err(|e| Error::io(tokenizer_path, e))?;
+    let ids = &special.ids;
     let end = "<|endoftext|>";
-    let (eot, no_timestamps) = (token(end)?, token("<|notimestamps|>")?);
+    let (eot, no_timestamps) = (special.get(end)?, special.get("<|notimestamps|>")?);
     let config = json!({
         "architectures": ["WhisperForConditionalGeneration"],
         "model_type": "whisper",

@@ -16,13 +16,14 @@ use crate::models::registry::NativeParts;
 use crate::models::QuantizationLayout;
 
 /// The special tokens Whisper's prompt and decoding need, read from `tokenizer.json`.
-struct SpecialTokens {
+pub(super) struct SpecialTokens {
     path: PathBuf,
-    ids: BTreeMap<String, u32>,
+    /// Every added token, content to id.
+    pub(super) ids: BTreeMap<String, u32>,
 }
 
 impl SpecialTokens {
-    fn read(path: &Path) -> Result<Self> {
+    pub(super) fn read(path: &Path) -> Result<Self> {
         let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
         let json: serde_json::Value = serde_json::from_str(&text)
             .map_err(|e| Error::corrupt(path, format!("invalid tokenizer.json: {e}")))?;
@@ -45,7 +46,7 @@ impl SpecialTokens {
         })
     }
 
-    fn get(&self, token: &str) -> Result<u32> {
+    pub(super) fn get(&self, token: &str) -> Result<u32> {
         self.ids.get(token).copied().ok_or_else(|| {
             Error::corrupt(
                 &self.path,

@@ -74,26 +74,11 @@ pub(crate) fn read(
     for (key, group) in groups {
         let (scheme, scales) =
             ct::scheme_of(group, key).map_err(|m| key_error(&format!("config_groups.{key}"), m))?;
-        let targets: Vec<String> = group
-            .get("targets")
-            .and_then(Value::as_array)
-            .map(|t| {
-                t.iter()
-                    .filter_map(|v| v.as_str().map(String::from))
-                    .collect()
-            })
+        let targets = strings(group.get("targets"))
             .ok_or_else(|| key_error(&format!("config_groups.{key}.targets"), "missing".into()))?;
         schemes.push((key.clone(), scheme, scales, targets));
     }
-    let ignore: Vec<String> = q
-        .get("ignore")
-        .and_then(Value::as_array)
-        .map(|t| {
-            t.iter()
-                .filter_map(|v| v.as_str().map(String::from))
-                .collect()
-        })
-        .unwrap_or_default();
+    let ignore = strings(q.get("ignore")).unwrap_or_default();
 
     let layout = quantization_layout(config);
     let mut layers = BTreeMap::new();
@@ -186,6 +171,16 @@ pub(crate) fn read(
             fingerprint,
         },
     })
+}
+
+/// The strings of a JSON list (`targets`, `ignore`).
+fn strings(list: Option<&Value>) -> Option<Vec<String>> {
+    let list = list?.as_array()?;
+    Some(
+        list.iter()
+            .filter_map(|v| v.as_str().map(String::from))
+            .collect(),
+    )
 }
 
 /// A quantized layer's scales in OASR shapes: `weight_scale` F32 `[N]` (a per-tensor scale
