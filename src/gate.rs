@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
+use crate::calibration::SharedObservations;
 use crate::error::{Error, Result};
 use crate::format::ModuleKind;
 use crate::manifest::Manifest;
@@ -17,7 +18,7 @@ use crate::models::DecodeOptions;
 use crate::numerics::OutDtype;
 use crate::quantizer::{Progress, Quantizer};
 use crate::recipe::Recipe;
-use crate::verify::{verify_with, VerifyOptions, VerifyReport};
+use crate::verify::{verify_many, VerifyOptions, VerifyReport};
 
 /// The default tolerance, in WER percentage points.
 pub const DEFAULT_TOLERANCE: f64 = 0.3;
@@ -406,8 +407,10 @@ pub fn run_gate(
         })
         .collect();
     std::fs::create_dir_all(&options.work_dir).map_err(|e| Error::io(&options.work_dir, e))?;
-    let mut results = Vec::new();
     let mut skipped = Vec::new();
+    // The SmoothQuant entries of one model calibrate on the same set: one first pass for all.
+    let shared = SharedObservations::default();
+    let mut built: Vec<Built> = Vec::new();
     for entry in &config.entries {
         if !options.only.is_empty() && !options.only.contains(&entry.name) {
             continue;
@@ -424,43 +427,84 @@ pub fn run_gate(
             continue;
         };
         let dst = options.work_dir.join(&entry.name);
-        let in_entry = |e: Error| Error::GateEntry {
-            entry: entry.name.clone(),
-            error: Box::new(e),
-        };
         let started = std::time::Instant::now();
         quantizer_for(config, &model, profile, entry, &dst, progress.clone())
+            .map(|q| q.share_observations(shared.clone()))
             .and_then(Quantizer::run)
-            .map_err(in_entry)?;
-        let quantize_seconds = started.elapsed().as_secs_f64();
+            .map_err(|e| in_entry(entry, e))?;
+        built.push(Built {
+            entry,
+            model,
+            dst,
+            quantize_seconds: started.elapsed().as_secs_f64(),
+        });
+    }
+    // Entries of one model and search are verified together, so the full-precision model runs
+    // once per utterance for all of them.
+    let mut groups: Vec<Vec<&Built>> = Vec::new();
+    for b in &built {
+        match groups.iter_mut().find(|g| {
+            g[0].model == b.model && g[0].entry.decode_options() == b.entry.decode_options()
+        }) {
+            Some(group) => group.push(b),
+            None => groups.push(vec![b]),
+        }
+    }
+    let mut by_entry: BTreeMap<&str, Vec<GateResult>> = BTreeMap::new();
+    for group in &groups {
+        let label = match group.as_slice() {
+            [one] => one.entry.name.clone(),
+            many => format!("{} entries", many.len()),
+        };
+        let dsts: Vec<&Path> = group.iter().map(|b| b.dst.as_path()).collect();
         for (set, manifest) in &sets {
             let stage = format!("verifying {}", set.name);
             let verify_options = VerifyOptions {
                 limit,
                 served: options.served,
-                decode: entry.decode_options(),
+                decode: group[0].entry.decode_options(),
                 ..VerifyOptions::default()
             };
-            let report = verify_with(&dst, &model, manifest, &verify_options, |done, total, _| {
-                progress(&GateProgress {
-                    entry: &entry.name,
-                    stage: &stage,
-                    done: done as u64,
-                    total: total as u64,
-                })
-            })
-            .map_err(in_entry)?;
-            results.push(judge(
-                entry,
-                &set.name,
-                &options.profile,
-                config.tolerance,
-                dst.clone(),
-                quantize_seconds,
-                report,
-            ));
+            let reports = verify_many(
+                &dsts,
+                &group[0].model,
+                manifest,
+                &verify_options,
+                |done, total, _| {
+                    progress(&GateProgress {
+                        entry: &label,
+                        stage: &stage,
+                        done: done as u64,
+                        total: total as u64,
+                    })
+                },
+            )
+            .map_err(|e| match e {
+                Error::Checkpoint { path, error } => match group.iter().find(|b| b.dst == path) {
+                    Some(b) => in_entry(b.entry, *error),
+                    None => Error::Checkpoint { path, error },
+                },
+                e if group.len() == 1 => in_entry(group[0].entry, e),
+                e => e,
+            })?;
+            for (b, report) in group.iter().zip(reports) {
+                by_entry.entry(&b.entry.name).or_default().push(judge(
+                    b.entry,
+                    &set.name,
+                    &options.profile,
+                    config.tolerance,
+                    b.dst.clone(),
+                    b.quantize_seconds,
+                    report,
+                ));
+            }
         }
     }
+    // Reported in the gate file's order, each entry's sets together.
+    let mut results: Vec<GateResult> = built
+        .iter()
+        .flat_map(|b| by_entry.remove(b.entry.name.as_str()).unwrap_or_default())
+        .collect();
     compare_baselines(config, &mut results);
     Ok(GateReport {
         gate: config.path.clone(),
@@ -470,6 +514,21 @@ pub fn run_gate(
         results,
         skipped,
     })
+}
+
+/// An entry's regenerated checkpoint.
+struct Built<'a> {
+    entry: &'a GateEntry,
+    model: PathBuf,
+    dst: PathBuf,
+    quantize_seconds: f64,
+}
+
+fn in_entry(entry: &GateEntry, error: Error) -> Error {
+    Error::GateEntry {
+        entry: entry.name.clone(),
+        error: Box::new(error),
+    }
 }
 
 /// The `not_below` rule: an entry's teacher-forced cosine mean on a set must reach its

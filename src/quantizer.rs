@@ -3,13 +3,13 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use crate::algorithms::static_inputs::{self, StaticInput, StaticInputOptions};
 use crate::algorithms::{self, rtn, smoothquant, WorkingTensors};
 use crate::calibration::{
     self, AbsHistogram, AbsMaxObserver, BothObservers, CalibrationSet, DecoderPass,
-    HistogramObserver, HistogramTarget, Observed,
+    HistogramObserver, HistogramTarget, Observed, SharedObservations,
 };
 use crate::checkpoint::{
     self, Checkpoint, DType, NativeConfig, StagedDir, Tensor, TensorPlan, CONFIG_FILE, REPORT_FILE,
@@ -102,6 +102,7 @@ pub struct Quantizer {
     format: Option<ExportFormat>,
     overwrite: bool,
     progress: Option<ProgressFn>,
+    shared: Option<SharedObservations>,
 }
 
 impl Quantizer {
@@ -121,6 +122,7 @@ impl Quantizer {
             format: None,
             overwrite: false,
             progress: None,
+            shared: None,
         }
     }
 
@@ -196,6 +198,15 @@ impl Quantizer {
     }
 
     /// Receives progress reports; the library itself never prints.
+    /// Shares the first calibration pass with other runs holding the same store: a run that
+    /// finds the full-precision observations of its source on its calibration set (made by an
+    /// earlier SmoothQuant run) uses them instead of running the pass again. The outputs are the
+    /// same bytes either way. The gate shares one store across its entries.
+    pub fn share_observations(mut self, store: SharedObservations) -> Self {
+        self.shared = Some(store);
+        self
+    }
+
     pub fn on_progress(mut self, f: impl FnMut(&Progress) + Send + 'static) -> Self {
         self.progress = Some(Box::new(f));
         self
@@ -487,26 +498,51 @@ impl Quantizer {
             };
             let mut histograms: Option<HistogramObserver> = None;
             // Pass 1's transcripts, so pass 2 scores them instead of decoding again.
-            let mut transcripts: Option<Vec<Vec<u32>>> = None;
+            let mut transcripts: Option<Arc<Observed<AbsMaxObserver>>> = None;
             if let Some(alpha) = run_plan.alpha {
-                let pass: Observed<BothObservers<AbsMaxObserver, HistogramObserver>> =
+                let pass_1 = |progress: &mut Option<ProgressFn>| {
                     calibration_pass(
-                        &mut self.progress,
+                        progress,
                         Stage::Calibrating,
                         t.as_ref(),
                         &set,
                         DecoderPass::Decode,
                         || FullPrecision,
-                        || BothObservers {
-                            first: AbsMaxObserver::default(),
-                            second: HistogramObserver::new(&early_targets),
-                        },
-                    )?;
-                transcripts = Some(pass.tokens);
-                let observed = pass.observer.first;
-                if one_pass && !early_targets.is_empty() {
-                    histograms = Some(pass.observer.second);
-                }
+                        AbsMaxObserver::default,
+                    )
+                };
+                let pass = if !early_targets.is_empty() {
+                    let both: Observed<BothObservers<AbsMaxObserver, HistogramObserver>> =
+                        calibration_pass(
+                            &mut self.progress,
+                            Stage::Calibrating,
+                            t.as_ref(),
+                            &set,
+                            DecoderPass::Decode,
+                            || FullPrecision,
+                            || BothObservers {
+                                first: AbsMaxObserver::default(),
+                                second: HistogramObserver::new(&early_targets),
+                            },
+                        )?;
+                    histograms = Some(both.observer.second);
+                    Arc::new(Observed {
+                        observer: both.observer.first,
+                        tokens: both.tokens,
+                    })
+                } else if let Some(shared) = self.shared.clone() {
+                    let progress = &mut self.progress;
+                    let (pass, reused) = shared.get_or_run(&self.src, &set, || pass_1(progress))?;
+                    if reused {
+                        let total = set.utterances.len() as u64;
+                        report(progress, Stage::Calibrating, total, total, "(shared)");
+                    }
+                    pass
+                } else {
+                    Arc::new(pass_1(&mut self.progress)?)
+                };
+                let observed = &pass.observer;
+                transcripts = Some(pass.clone());
                 // A group whose consumers all take a static scale migrates with its own α: a
                 // per-tensor scale suffers more from outlier channels than a per-token one.
                 let static_alpha = run_plan.static_alpha.unwrap_or(alpha);
@@ -520,7 +556,7 @@ impl Quantizer {
                 let groups = smoothquant::plan_with(
                     layout,
                     quantized,
-                    &observed,
+                    observed,
                     &working,
                     alpha_of,
                     run_plan.smoothing,
@@ -551,8 +587,8 @@ impl Quantizer {
                 // pass 1's transcripts (the smoothed model computes the same function).
                 let decoder = if !late_targets.keys().any(|l| layout.in_decode_step(l)) {
                     DecoderPass::Skip
-                } else if let Some(tokens) = &transcripts {
-                    DecoderPass::Tokens(tokens)
+                } else if let Some(pass) = &transcripts {
+                    DecoderPass::Tokens(&pass.tokens)
                 } else {
                     DecoderPass::Decode
                 };
@@ -831,15 +867,21 @@ where
     let total = set.utterances.len() as u64;
     let sink = Mutex::new(progress);
     calibration::observe_with(t, set, decoder, exec, observer, |done, _, id| {
-        if let Some(f) = sink.lock().ok().as_deref_mut().and_then(|p| p.as_mut()) {
-            f(&Progress {
-                stage,
-                done: done as u64,
-                total,
-                item: id,
-            });
+        if let Ok(mut progress) = sink.lock() {
+            report(&mut progress, stage, done as u64, total, id);
         }
     })
+}
+
+fn report(progress: &mut Option<ProgressFn>, stage: Stage, done: u64, total: u64, item: &str) {
+    if let Some(f) = progress.as_mut() {
+        f(&Progress {
+            stage,
+            done,
+            total,
+            item,
+        });
+    }
 }
 
 /// The smoothed full-precision model the second calibration pass runs: parameters that absorbed

@@ -391,3 +391,55 @@ fn audio_longer_than_the_window_is_refused_by_name() {
     assert!(e.to_string().contains("utterance `long`"), "{e}");
     assert!(!tmp.path().join("x").exists());
 }
+
+/// The gate's shared first pass: a run that reuses another run's full-precision observations
+/// writes the same bytes as one that runs the pass itself, and a run on another calibration
+/// selection does not reuse them.
+#[test]
+fn shared_first_pass_observations_give_the_same_checkpoint() {
+    use std::sync::{Arc, Mutex};
+    let tmp = tempfile::tempdir().unwrap();
+    let (calib, _) = common::manifests();
+    let store = calibration::SharedObservations::default();
+    let run = |name: &str,
+               recipe: &str,
+               utterances: usize,
+               store: Option<&calibration::SharedObservations>| {
+        let items = Arc::new(Mutex::new(Vec::new()));
+        let seen = items.clone();
+        let dst = tmp.path().join(name);
+        let mut q = Quantizer::new(common::tiny_en(), &dst)
+            .recipe(recipe)
+            .calib_manifest(&calib)
+            .calib_utterances(utterances)
+            .on_progress(move |p| {
+                if p.stage == oasr_quantize::Stage::Calibrating {
+                    seen.lock().unwrap().push(p.item.to_string());
+                }
+            });
+        if let Some(store) = store {
+            q = q.share_observations(store.clone());
+        }
+        q.run().unwrap();
+        let items = items.lock().unwrap().clone();
+        (common::tree_hashes(&dst), items)
+    };
+    let (alone, alone_items) = run("alone", "smoothquant_w8a8", 3, None);
+    assert_eq!(alone_items.len(), 3, "{alone_items:?}");
+    let (first, first_items) = run("first", "smoothquant_fp8_w8a8", 3, Some(&store));
+    assert_eq!(
+        first_items.len(),
+        3,
+        "the first run fills the store: {first_items:?}"
+    );
+    let (reused, reused_items) = run("reused", "smoothquant_w8a8", 3, Some(&store));
+    assert_eq!(reused_items, vec!["(shared)".to_string()]);
+    assert_eq!(alone, reused);
+    assert_ne!(first, reused, "int8 and fp8 checkpoints differ");
+    let (_, other_items) = run("other", "smoothquant_w8a8", 2, Some(&store));
+    assert_eq!(
+        other_items.len(),
+        2,
+        "another selection runs its own pass: {other_items:?}"
+    );
+}

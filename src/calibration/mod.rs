@@ -3,6 +3,7 @@
 mod histogram;
 mod observer;
 mod run;
+mod shared;
 
 pub use histogram::{
     channel_weights, AbsHistogram, ClipObserver, HistogramObserver, HistogramTarget,
@@ -10,3 +11,4 @@ pub use histogram::{
 };
 pub use observer::{AbsMaxObserver, BothObservers, Observer, ObservingExec};
 pub use run::{observe, observe_with, CalibrationSet, DecoderPass, Observed, DEFAULT_UTTERANCES};
+pub use shared::SharedObservations;

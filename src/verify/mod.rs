@@ -24,7 +24,7 @@ use crate::error::{Error, Result};
 use crate::format::{QuantDtype, QuantizationSpec};
 use crate::manifest::{Manifest, Utterance};
 use crate::models::exec::{activate, ce, to_vec, FullPrecision, Linear, LinearExec};
-use crate::models::{DecodeOptions, SpeechModel};
+use crate::models::{DecodeOptions, Decoding, SpeechModel};
 use crate::numerics::{self, ActScale, Activation, GemmEpilogue, OutDtype};
 use crate::wer::{word_errors, WordErrors};
 
@@ -730,27 +730,50 @@ struct UtteranceRun {
     per_layer: Option<per_layer::UtteranceFigures>,
 }
 
-/// Both models on one utterance: each decodes greedily, then the quantized model scores the
-/// full-precision tokens.
-fn verify_one(
+/// The reference model's part of an utterance: computed once, however many checkpoints are
+/// compared with it.
+struct ReferenceRun {
+    samples: Vec<f32>,
+    decoded: Decoding,
+    scores: Vec<(&'static str, f64)>,
+    text: String,
+}
+
+fn reference_run(r: &dyn SpeechModel, u: &Utterance) -> Result<ReferenceRun> {
+    let samples = r.read(u)?;
+    let audio = r.encode(&mut FullPrecision, &samples)?;
+    let decoded = r.decode(&mut FullPrecision, &audio, samples.len(), true)?;
+    let scores = r.hypothesis_scores(&mut FullPrecision, &audio, &decoded.tokens)?;
+    let text = r.text(&decoded.tokens)?;
+    Ok(ReferenceRun {
+        samples,
+        decoded,
+        scores,
+        text,
+    })
+}
+
+/// One quantized checkpoint on an utterance the reference ran: it decodes greedily, then scores
+/// the full-precision tokens.
+fn quantized_run(
     q: &QuantizedModel,
     r: &dyn SpeechModel,
     u: &Utterance,
+    fp: &ReferenceRun,
     lane: &Lane,
     served: OutDtype,
     layers: Option<&per_layer::Plan>,
 ) -> Result<UtteranceRun> {
-    let samples = r.read(u)?;
-    let fp_audio = r.encode(&mut FullPrecision, &samples)?;
-    let fp = r.decode(&mut FullPrecision, &fp_audio, samples.len(), true)?;
+    let samples = &fp.samples;
     let mut exec = lane.exec(q, served);
-    let audio = q.model.encode(&mut exec, &samples)?;
+    let audio = q.model.encode(&mut exec, samples)?;
     let qd = q.model.decode(&mut exec, &audio, samples.len(), true)?;
-    let scored = q.model.score(&mut exec, &audio, &fp.tokens)?;
+    let scored = q.model.score(&mut exec, &audio, &fp.decoded.tokens)?;
     let mut scores: BTreeMap<&'static str, ScoreSum> = BTreeMap::new();
-    let fp_scores = r.hypothesis_scores(&mut FullPrecision, &fp_audio, &fp.tokens)?;
-    let q_scores = q.model.hypothesis_scores(&mut exec, &audio, &fp.tokens)?;
-    for ((name, a), (_, b)) in fp_scores.iter().zip(&q_scores) {
+    let q_scores = q
+        .model
+        .hypothesis_scores(&mut exec, &audio, &fp.decoded.tokens)?;
+    for ((name, a), (_, b)) in fp.scores.iter().zip(&q_scores) {
         scores.entry(name).or_default().add(*a, *b);
     }
     let nonfinite = exec.nonfinite()
@@ -761,20 +784,22 @@ fn verify_one(
             .filter(|v| !v.is_finite())
             .count();
     let (mut free, mut forced) = (AgreementSum::default(), AgreementSum::default());
-    for (a, b) in fp.scores.iter().zip(&qd.scores) {
+    for (a, b) in fp.decoded.scores.iter().zip(&qd.scores) {
         free.add(a, b);
     }
-    for (a, b) in fp.scores.iter().zip(&scored) {
+    for (a, b) in fp.decoded.scores.iter().zip(&scored) {
         forced.add(a, b);
     }
-    let (hyp_r, hyp_q) = (r.text(&fp.tokens)?, q.model.text(&qd.tokens)?);
+    let hyp_q = q.model.text(&qd.tokens)?;
     let word_errors = u
         .text
         .as_ref()
-        .map(|text| (word_errors(text, &hyp_r), word_errors(text, &hyp_q)));
+        .map(|text| (word_errors(text, &fp.text), word_errors(text, &hyp_q)));
     let agreement = forced.finish();
     let per_layer = layers
-        .map(|plan| per_layer::run_utterance(plan, r, u, &samples, &fp.tokens, &scored, served))
+        .map(|plan| {
+            per_layer::run_utterance(plan, r, u, samples, &fp.decoded.tokens, &scored, served)
+        })
         .transpose()?;
     Ok(UtteranceRun {
         free,
@@ -785,10 +810,10 @@ fn verify_one(
         transcript: VerifiedUtterance {
             id: u.id.clone(),
             reference_text: u.text.clone(),
-            full_precision: hyp_r,
+            full_precision: fp.text.clone(),
             quantized: hyp_q,
             source: u.source.clone(),
-            temperature_full_precision: fp.temperature,
+            temperature_full_precision: fp.decoded.temperature,
             temperature_quantized: qd.temperature,
             teacher_forced: agreement,
         },
@@ -875,6 +900,25 @@ pub fn verify_with(
     options: &VerifyOptions,
     progress: impl Fn(usize, usize, &str) + Sync,
 ) -> Result<VerifyReport> {
+    let mut reports = verify_many(&[quantized], reference, manifest, options, progress)?;
+    reports.pop().ok_or_else(|| Error::Model {
+        what: "verify".into(),
+        message: "no report".into(),
+    })
+}
+
+/// [`verify_with`] for several quantized checkpoints of one reference: the reference runs once
+/// per utterance and each checkpoint is compared with it, so each report has the figures
+/// `verify_with` gives that checkpoint alone (`seconds` is the whole run's). Every checkpoint is
+/// held in memory for the run. With more than one, an error of one names it
+/// ([`Error::Checkpoint`]).
+pub fn verify_many(
+    quantized: &[&Path],
+    reference: &Path,
+    manifest: &Manifest,
+    options: &VerifyOptions,
+    progress: impl Fn(usize, usize, &str) + Sync,
+) -> Result<Vec<VerifyReport>> {
     let VerifyOptions {
         limit,
         served,
@@ -887,13 +931,36 @@ pub fn verify_with(
     if device == VerifyDevice::Cuda {
         return Err(no_cuda());
     }
-    let q = QuantizedModel::load_with(quantized, &decode)?;
+    let named = |i: usize, e: Error| match quantized.len() {
+        1 => e,
+        _ => Error::Checkpoint {
+            path: quantized[i].to_path_buf(),
+            error: Box::new(e),
+        },
+    };
     let r = crate::models::load_with(&Checkpoint::open(reference)?, &decode)?;
+    let models = quantized
+        .iter()
+        .enumerate()
+        .map(|(i, path)| QuantizedModel::load_with(path, &decode).map_err(|e| named(i, e)))
+        .collect::<Result<Vec<_>>>()?;
     // Checked before any work: a checkpoint without its smoothing factors is refused here.
-    let plan = with_layers
-        .then(|| per_layer::Plan::new(&q, quantized, r.as_ref()))
-        .transpose()?;
-    let lane = Lane::open(device, &q)?;
+    let plans = models
+        .iter()
+        .zip(quantized)
+        .enumerate()
+        .map(|(i, (q, path))| {
+            with_layers
+                .then(|| per_layer::Plan::new(q, path, r.as_ref()))
+                .transpose()
+                .map_err(|e| named(i, e))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let lanes = models
+        .iter()
+        .enumerate()
+        .map(|(i, q)| Lane::open(device, q).map_err(|e| named(i, e)))
+        .collect::<Result<Vec<_>>>()?;
     let started = std::time::Instant::now();
     let chosen: Vec<_> = manifest
         .utterances
@@ -902,60 +969,79 @@ pub fn verify_with(
         .collect();
     let done = Mutex::new(0usize);
     // Utterances run in parallel, each on its own executors; the results are merged in manifest
-    // order, so the report does not depend on the scheduling.
+    // order, so the reports do not depend on the scheduling.
     let runs = chosen
         .par_iter()
         .map(|u| {
-            let run = verify_one(&q, r.as_ref(), u, &lane, served, plan.as_ref()).map_err(|e| {
-                Error::Utterance {
-                    id: u.id.clone(),
-                    error: Box::new(e),
-                }
-            })?;
+            let in_utterance = |e: Error| Error::Utterance {
+                id: u.id.clone(),
+                error: Box::new(e),
+            };
+            let fp = reference_run(r.as_ref(), u).map_err(in_utterance)?;
+            let runs = (0..models.len())
+                .map(|i| {
+                    let (q, lane, plan) = (&models[i], &lanes[i], plans[i].as_ref());
+                    quantized_run(q, r.as_ref(), u, &fp, lane, served, plan)
+                        .map_err(|e| named(i, in_utterance(e)))
+                })
+                .collect::<Result<Vec<UtteranceRun>>>()?;
             let mut n = done.lock().unwrap_or_else(|p| p.into_inner());
             *n += 1;
             progress(*n, chosen.len(), &u.id);
-            Ok(run)
+            Ok(runs)
         })
-        .collect::<Result<Vec<UtteranceRun>>>()?;
-    let mut all = Tally::default();
-    let mut by_source: BTreeMap<String, Tally> = BTreeMap::new();
-    let mut transcripts = Vec::new();
-    let mut layer_figures = Vec::new();
-    for (u, mut run) in chosen.iter().zip(runs) {
-        layer_figures.extend(run.per_layer.take());
-        all.add(&run);
-        by_source
-            .entry(source_name(u).to_string())
-            .or_default()
-            .add(&run);
-        transcripts.push(run.transcript);
-    }
+        .collect::<Result<Vec<Vec<UtteranceRun>>>>()?;
     let seconds = started.elapsed().as_secs_f64();
-    let total = all.finish();
-    Ok(VerifyReport {
-        quantized_checkpoint: quantized.display().to_string(),
-        reference_checkpoint: reference.display().to_string(),
-        manifest: manifest.path.display().to_string(),
-        served_dtype: served,
-        device: lane.name(),
-        utterances: chosen.len(),
-        wer_full_precision: total.wer_full_precision,
-        wer_quantized: total.wer_quantized,
-        wer_delta: total.wer_delta,
-        word_errors_full_precision: total.word_errors_full_precision,
-        word_errors_quantized: total.word_errors_quantized,
-        free_running: total.free_running,
-        teacher_forced: total.teacher_forced,
-        hypothesis_scores: total.hypothesis_scores,
-        nonfinite: total.nonfinite,
-        by_source: by_source
-            .iter()
-            .map(|(k, t)| (k.clone(), t.finish()))
-            .collect(),
-        seconds,
-        utterances_per_second: chosen.len() as f64 / seconds.max(1e-9),
-        transcripts,
-        per_layer: plan.map(|p| per_layer::report(&p, &layer_figures)),
-    })
+    let mut per_checkpoint: Vec<Vec<UtteranceRun>> = models.iter().map(|_| Vec::new()).collect();
+    for utterance in runs {
+        for (i, run) in utterance.into_iter().enumerate() {
+            per_checkpoint[i].push(run);
+        }
+    }
+    Ok(per_checkpoint
+        .into_iter()
+        .zip(plans.iter().zip(&lanes))
+        .zip(quantized)
+        .map(|((runs, (plan, lane)), path)| {
+            let mut all = Tally::default();
+            let mut by_source: BTreeMap<String, Tally> = BTreeMap::new();
+            let mut transcripts = Vec::new();
+            let mut layer_figures = Vec::new();
+            for (u, mut run) in chosen.iter().zip(runs) {
+                layer_figures.extend(run.per_layer.take());
+                all.add(&run);
+                by_source
+                    .entry(source_name(u).to_string())
+                    .or_default()
+                    .add(&run);
+                transcripts.push(run.transcript);
+            }
+            let total = all.finish();
+            VerifyReport {
+                quantized_checkpoint: path.display().to_string(),
+                reference_checkpoint: reference.display().to_string(),
+                manifest: manifest.path.display().to_string(),
+                served_dtype: served,
+                device: lane.name(),
+                utterances: chosen.len(),
+                wer_full_precision: total.wer_full_precision,
+                wer_quantized: total.wer_quantized,
+                wer_delta: total.wer_delta,
+                word_errors_full_precision: total.word_errors_full_precision,
+                word_errors_quantized: total.word_errors_quantized,
+                free_running: total.free_running,
+                teacher_forced: total.teacher_forced,
+                hypothesis_scores: total.hypothesis_scores,
+                nonfinite: total.nonfinite,
+                by_source: by_source
+                    .iter()
+                    .map(|(k, t)| (k.clone(), t.finish()))
+                    .collect(),
+                seconds,
+                utterances_per_second: chosen.len() as f64 / seconds.max(1e-9),
+                transcripts,
+                per_layer: plan.as_ref().map(|p| per_layer::report(p, &layer_figures)),
+            }
+        })
+        .collect())
 }

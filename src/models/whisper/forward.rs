@@ -13,7 +13,7 @@ use candle_core::{DType, Device, IndexOp, Tensor};
 use super::WhisperConfig;
 use crate::checkpoint::Checkpoint;
 use crate::error::{Error, Result};
-use crate::models::exec::{activate, ce, to_vec, Linear, LinearExec};
+use crate::models::exec::{activate, ce, matmul, to_vec, Linear, LinearExec, GEMM_DEPTH};
 use crate::numerics::Activation;
 
 /// LayerNorm epsilon of Whisper.
@@ -42,7 +42,8 @@ struct Attention {
 }
 
 /// `dst[m, n] = scale · Σ_k lhs[m, k] · rhs[k, n]` on strided f32 views (row stride, column
-/// stride), single-threaded: callers parallelise over heads.
+/// stride), single-threaded: callers parallelise over heads. K is summed in chunks of
+/// [`GEMM_DEPTH`], each added to `dst` in order, so the sum is the same on every machine.
 ///
 /// # Safety
 /// Every element addressed by the shapes and strides must lie inside the pointed-to buffers, and
@@ -62,27 +63,30 @@ unsafe fn strided_gemm(
     rhs_cs: usize,
     scale: f32,
 ) {
-    gemm::gemm(
-        m,
-        n,
-        k,
-        dst,
-        1,
-        dst_rs as isize,
-        false,
-        lhs,
-        lhs_cs as isize,
-        lhs_rs as isize,
-        rhs,
-        rhs_cs as isize,
-        rhs_rs as isize,
-        0.0,
-        scale,
-        false,
-        false,
-        false,
-        gemm::Parallelism::None,
-    );
+    for k0 in (0..k.max(1)).step_by(GEMM_DEPTH) {
+        let depth = GEMM_DEPTH.min(k - k0);
+        gemm::gemm(
+            m,
+            n,
+            depth,
+            dst,
+            1,
+            dst_rs as isize,
+            k0 > 0,
+            lhs.add(k0 * lhs_cs),
+            lhs_cs as isize,
+            lhs_rs as isize,
+            rhs.add(k0 * rhs_rs),
+            rhs_cs as isize,
+            rhs_rs as isize,
+            if k0 > 0 { 1.0 } else { 0.0 },
+            scale,
+            false,
+            false,
+            false,
+            gemm::Parallelism::None,
+        );
+    }
 }
 
 thread_local! {
@@ -683,8 +687,7 @@ impl Whisper {
         }
         state.position = start + n;
         let x = self.decoder_norm.forward(&x)?;
-        x.matmul(&self.embed_tokens.t().map_err(ce(what))?)
-            .map_err(ce(what))
+        matmul(&x, &self.embed_tokens.t().map_err(ce(what))?, what)
     }
 }
 
@@ -703,4 +706,53 @@ pub fn argmax_allowed(row: &[f32], allowed: impl Fn(usize) -> bool) -> Option<u3
         .filter(|(i, v)| allowed(*i) && !v.is_nan())
         .max_by(|a, b| a.1.total_cmp(b.1))
         .map(|(i, _)| i as u32)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Attention over more keys than one GEMM chunk sums (the encoder's 1500 positions): the
+    /// chunked scores·V product matches an f64 evaluation.
+    #[test]
+    fn attention_over_more_keys_than_a_chunk_matches_f64() {
+        let (d, heads, t, s) = (8, 2, 3, GEMM_DEPTH * 2 + 37);
+        let gen = |n: usize, seed: u32| -> Vec<f32> {
+            (0..n)
+                .map(|i| {
+                    (((i as u32).wrapping_mul(2654435761) ^ seed) % 1000) as f32 / 1000.0 - 0.5
+                })
+                .collect()
+        };
+        let (q, k, v) = (gen(t * d, 1), gen(s * d, 2), gen(s * d, 3));
+        let out = attention_core(&q, &k, &v, d, heads, None);
+        let dh = d / heads;
+        for h in 0..heads {
+            for i in 0..t {
+                let scores: Vec<f64> = (0..s)
+                    .map(|j| {
+                        (0..dh)
+                            .map(|c| {
+                                f64::from(q[i * d + h * dh + c]) * f64::from(k[j * d + h * dh + c])
+                            })
+                            .sum::<f64>()
+                            / (dh as f64).sqrt()
+                    })
+                    .collect();
+                let max = scores.iter().cloned().fold(f64::MIN, f64::max);
+                let e: Vec<f64> = scores.iter().map(|x| (x - max).exp()).collect();
+                let z: f64 = e.iter().sum();
+                for c in 0..dh {
+                    let want: f64 = (0..s)
+                        .map(|j| e[j] / z * f64::from(v[j * d + h * dh + c]))
+                        .sum();
+                    let got = f64::from(out[i * d + h * dh + c]);
+                    assert!(
+                        (got - want).abs() < 1e-5,
+                        "head {h} row {i} col {c}: {got} vs {want}"
+                    );
+                }
+            }
+        }
+    }
 }
