@@ -734,3 +734,40 @@ fn an_hf_config_that_is_not_an_object_is_refused() {
     // Not detected as Hugging Face at all (no model_type): an unknown format, not a panic.
     assert!(e.contains("hf") || e.contains("config.json"), "{e}");
 }
+
+/// A CTranslate2 model quantized by its converter (`--quantization int8`: I8 weights with
+/// `weight_scale` variables) is not a source: refused naming the variable, with what to import.
+#[test]
+fn a_quantized_ct2_model_is_refused_by_variable() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("ct2-int8");
+    std::fs::create_dir_all(&dir).unwrap();
+    for f in ["config.json", "tokenizer.json"] {
+        std::os::unix::fs::symlink(common::tiny_en().join(f), dir.join(f)).unwrap();
+    }
+    let weight = "encoder/layer_0/self_attention/linear_0/weight";
+    let scale: Vec<u8> = [0.01f32; 48].iter().flat_map(|v| v.to_le_bytes()).collect();
+    std::fs::write(
+        dir.join("model.bin"),
+        common::ct2_bytes(
+            "WhisperSpec",
+            &[
+                (weight, vec![48, 16], 1, vec![3u8; 48 * 16]),
+                (
+                    "encoder/layer_0/self_attention/linear_0/weight_scale",
+                    vec![48],
+                    0,
+                    scale,
+                ),
+            ],
+            &[],
+        ),
+    )
+    .unwrap();
+    let e = open_err(&dir);
+    assert!(e.contains("model.bin") && e.contains(weight), "{e}");
+    assert!(
+        e.contains("I8 weights are not supported") && e.contains("float16 or float32"),
+        "{e}"
+    );
+}

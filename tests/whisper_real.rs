@@ -271,7 +271,11 @@ fn convert_then_quantize_matches_quantizing_the_source() {
 
 /// Builds a Hugging Face Whisper directory from the real weights, as transformers lays it out.
 fn write_hf_copy(dir: &std::path::Path) {
-    common::write_hf_weights(dir);
+    write_hf_copy_as(dir, safetensors::Dtype::F16)
+}
+
+fn write_hf_copy_as(dir: &std::path::Path, dtype: safetensors::Dtype) {
+    common::write_hf_weights_as(dir, dtype);
     let config = serde_json::json!({
         "model_type": "whisper", "d_model": 384, "encoder_attention_heads": 6, "decoder_attention_heads": 6,
         "encoder_layers": 4, "decoder_layers": 4, "vocab_size": 51864,
@@ -449,4 +453,70 @@ fn progress_is_reported_through_the_callback() {
     assert!(seen
         .iter()
         .any(|(s, ..)| *s == oasr_quantize::Stage::Hashing));
+}
+
+/// A bf16 source (as many Hugging Face checkpoints ship): imported, quantized and transcribed,
+/// with exactly the codes and transcripts of an f32 source holding the same values.
+#[test]
+fn a_bf16_source_quantizes_and_transcribes_like_f32_of_its_values() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (bf16, f32_of_bf16) = (tmp.path().join("bf16"), tmp.path().join("f32"));
+    write_hf_copy_as(&bf16, safetensors::Dtype::BF16);
+    // The same directory with the bf16 values widened to f32 (exactly).
+    write_hf_copy_as(&f32_of_bf16, safetensors::Dtype::F32);
+    let hf_names: Vec<(String, Vec<usize>, Vec<u8>)> = Checkpoint::open(&bf16)
+        .unwrap()
+        .tensors
+        .iter()
+        .map(|(n, t)| {
+            assert_eq!(t.dtype, DType::BF16, "{n}");
+            // Back to transformers' Conv1d layout, as write_hf_copy_as wrote it.
+            let t = if n.starts_with("encoder.conv") && n.ends_with(".weight") {
+                t.swap_last_two()
+            } else {
+                t.clone()
+            };
+            let bytes = t.to_f32().iter().flat_map(|v| v.to_le_bytes()).collect();
+            (format!("model.{n}"), t.shape.clone(), bytes)
+        })
+        .collect();
+    let views: Vec<(String, safetensors::tensor::TensorView)> = hf_names
+        .iter()
+        .map(|(n, shape, b)| {
+            let view =
+                safetensors::tensor::TensorView::new(safetensors::Dtype::F32, shape.clone(), b);
+            (n.clone(), view.unwrap())
+        })
+        .collect();
+    safetensors::serialize_to_file(views, &None, &f32_of_bf16.join("model.safetensors")).unwrap();
+    let q = |src: &std::path::Path, name: &str| {
+        let dst = tmp.path().join(name);
+        Quantizer::new(src, &dst)
+            .recipe("int8_w8a8_rtn")
+            .run()
+            .unwrap();
+        Checkpoint::open(&dst).unwrap()
+    };
+    let (a, b) = (q(&bf16, "q-bf16"), q(&f32_of_bf16, "q-f32"));
+    let spec = a.config.quantization.clone().unwrap();
+    assert_eq!(spec.layers.len(), 64);
+    for layer in spec.layers.keys() {
+        for suffix in ["weight", "weight_scale"] {
+            let name = format!("{layer}.{suffix}");
+            assert_eq!(a.tensors[&name].bytes(), b.tensors[&name].bytes(), "{name}");
+        }
+    }
+    let (_, gate) = common::manifests();
+    let manifest = oasr_quantize::Manifest::read(&gate, None).unwrap();
+    let say = |src: &std::path::Path| {
+        oasr_quantize::transcribe::transcribe_manifest(src, &manifest, Some(3), |_, _, _| {})
+            .unwrap()
+            .utterances
+            .into_iter()
+            .map(|u| u.hypothesis)
+            .collect::<Vec<_>>()
+    };
+    let said = say(&bf16);
+    assert_eq!(said, say(&f32_of_bf16));
+    assert_eq!(said[0], "Added.");
 }

@@ -169,6 +169,11 @@ pub fn small_safetensors() -> Vec<u8> {
 /// Writes tiny.en's weights as a Hugging Face Whisper `model.safetensors` in `dir`: transformers'
 /// names (`model.` + the canonical name) and its Conv1d layout `[out, in, k]`.
 pub fn write_hf_weights(dir: &Path) {
+    write_hf_weights_as(dir, safetensors::Dtype::F16)
+}
+
+/// [`write_hf_weights`] in `dtype` (F16 as stored, BF16 rounded to nearest even, F32 exact).
+pub fn write_hf_weights_as(dir: &Path, dtype: safetensors::Dtype) {
     let ckpt = oasr_quantize::checkpoint::Checkpoint::open(&tiny_en()).unwrap();
     std::fs::create_dir_all(dir).unwrap();
     let mut tensors: BTreeMap<String, (Vec<usize>, Vec<u8>)> = BTreeMap::new();
@@ -178,18 +183,24 @@ pub fn write_hf_weights(dir: &Path) {
         } else {
             t.clone()
         };
-        tensors.insert(
-            format!("model.{name}"),
-            (t.shape.clone(), t.bytes().to_vec()),
-        );
+        let bytes = match dtype {
+            safetensors::Dtype::F16 => t.bytes().to_vec(),
+            safetensors::Dtype::BF16 => t
+                .to_f32()
+                .iter()
+                .flat_map(|v| half::bf16::from_f32(*v).to_le_bytes())
+                .collect(),
+            safetensors::Dtype::F32 => t.to_f32().iter().flat_map(|v| v.to_le_bytes()).collect(),
+            other => panic!("{other:?}"),
+        };
+        tensors.insert(format!("model.{name}"), (t.shape.clone(), bytes));
     }
     let views: Vec<(String, safetensors::tensor::TensorView)> = tensors
         .iter()
         .map(|(n, (s, b))| {
             (
                 n.clone(),
-                safetensors::tensor::TensorView::new(safetensors::Dtype::F16, s.clone(), b)
-                    .unwrap(),
+                safetensors::tensor::TensorView::new(dtype, s.clone(), b).unwrap(),
             )
         })
         .collect();
