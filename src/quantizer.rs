@@ -197,7 +197,6 @@ impl Quantizer {
         self
     }
 
-    /// Receives progress reports; the library itself never prints.
     /// Shares the first calibration pass with other runs holding the same store: a run that
     /// finds the full-precision observations of its source on its calibration set (made by an
     /// earlier SmoothQuant run) uses them instead of running the pass again. The outputs are the
@@ -207,6 +206,7 @@ impl Quantizer {
         self
     }
 
+    /// Receives progress reports; the library itself never prints.
     pub fn on_progress(mut self, f: impl FnMut(&Progress) + Send + 'static) -> Self {
         self.progress = Some(Box::new(f));
         self
