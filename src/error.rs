@@ -70,10 +70,10 @@ pub enum Error {
     /// A failure while regenerating or verifying one entry of a gate file.
     #[error("gate entry `{entry}`: {error}")]
     GateEntry { entry: String, error: Box<Error> },
-    /// A failure while processing one utterance of a manifest.
     /// One of several checkpoints a run handled together failed.
     #[error("checkpoint {}: {error}", shown(path))]
     Checkpoint { path: PathBuf, error: Box<Error> },
+    /// A failure while processing one utterance of a manifest.
     #[error("utterance `{id}`: {error}")]
     Utterance { id: String, error: Box<Error> },
     /// A failure inside a model's forward pass.

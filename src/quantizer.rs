@@ -497,8 +497,8 @@ impl Quantizer {
                 BTreeMap::new()
             };
             let mut histograms: Option<HistogramObserver> = None;
-            // Pass 1's transcripts, so pass 2 scores them instead of decoding again.
-            let mut transcripts: Option<Arc<Observed<AbsMaxObserver>>> = None;
+            // Pass 1 (its transcripts, so pass 2 scores them instead of decoding again).
+            let mut first_pass: Option<Arc<Observed<AbsMaxObserver>>> = None;
             if let Some(alpha) = run_plan.alpha {
                 let pass_1 = |progress: &mut Option<ProgressFn>| {
                     calibration_pass(
@@ -542,7 +542,7 @@ impl Quantizer {
                     Arc::new(pass_1(&mut self.progress)?)
                 };
                 let observed = &pass.observer;
-                transcripts = Some(pass.clone());
+                first_pass = Some(pass.clone());
                 // A group whose consumers all take a static scale migrates with its own α: a
                 // per-tensor scale suffers more from outlier channels than a per-token one.
                 let static_alpha = run_plan.static_alpha.unwrap_or(alpha);
@@ -587,7 +587,7 @@ impl Quantizer {
                 // pass 1's transcripts (the smoothed model computes the same function).
                 let decoder = if !late_targets.keys().any(|l| layout.in_decode_step(l)) {
                     DecoderPass::Skip
-                } else if let Some(pass) = &transcripts {
+                } else if let Some(pass) = &first_pass {
                     DecoderPass::Tokens(&pass.tokens)
                 } else {
                     DecoderPass::Decode

@@ -35,25 +35,19 @@ pub(crate) const GEMM_DEPTH: usize = 512;
 /// `x · w_t` for `x` `[rows, k]` and `w_t` `[k, n]`, K summed in chunks of [`GEMM_DEPTH`].
 pub(crate) fn matmul(x: &Tensor, w_t: &Tensor, what: &str) -> Result<Tensor> {
     let k = w_t.dim(0).map_err(ce(what))?;
-    let mut y: Option<Tensor> = None;
-    for k0 in (0..k.max(1)).step_by(GEMM_DEPTH) {
+    let chunk = |k0: usize| {
         let depth = GEMM_DEPTH.min(k - k0);
-        let part = if depth == k {
-            x.matmul(w_t)
-        } else {
-            x.narrow(candle_core::D::Minus1, k0, depth)
-                .and_then(|x| x.matmul(&w_t.narrow(0, k0, depth)?))
-        }
-        .map_err(ce(what))?;
-        y = Some(match y {
-            None => part,
-            Some(sum) => (sum + part).map_err(ce(what))?,
-        });
+        x.narrow(candle_core::D::Minus1, k0, depth)?
+            .matmul(&w_t.narrow(0, k0, depth)?)
+    };
+    if k <= GEMM_DEPTH {
+        return x.matmul(w_t).map_err(ce(what));
     }
-    y.ok_or_else(|| Error::Model {
-        what: what.to_string(),
-        message: "an empty product".into(),
-    })
+    let mut y = chunk(0).map_err(ce(what))?;
+    for k0 in (GEMM_DEPTH..k).step_by(GEMM_DEPTH) {
+        y = chunk(k0).and_then(|part| y + part).map_err(ce(what))?;
+    }
+    Ok(y)
 }
 
 impl Linear {

@@ -63,6 +63,7 @@ unsafe fn strided_gemm(
     rhs_cs: usize,
     scale: f32,
 ) {
+    // K = 0 still makes one call, which writes the zeros.
     for k0 in (0..k.max(1)).step_by(GEMM_DEPTH) {
         let depth = GEMM_DEPTH.min(k - k0);
         gemm::gemm(
