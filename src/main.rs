@@ -182,7 +182,7 @@ enum Command {
 
 /// A run over a manifest, shared by `transcribe` and `verify`.
 /// The model's search (attention rescoring of a CTC model; Whisper refuses them by name).
-#[derive(Args, Clone, Copy)]
+#[derive(Args, Clone)]
 struct SearchArgs {
     /// Attention rescoring: the weight of a candidate's CTC score (default 0.5, WeNet's runtime).
     #[arg(long, value_name = "W")]
@@ -193,6 +193,13 @@ struct SearchArgs {
     /// CTC prefix beam search: candidates kept for rescoring (default 10).
     #[arg(long, value_name = "N")]
     beam_size: Option<usize>,
+    /// Whisper: the spoken language, as its code (`en`, `de`, ...); default: detected per
+    /// utterance on a multilingual model. An English-only model takes `en` only.
+    #[arg(long, value_name = "CODE")]
+    language: Option<String>,
+    /// Whisper: `transcribe` (default) or `translate` into English (multilingual models).
+    #[arg(long, value_name = "TASK")]
+    task: Option<oasr_quantize::models::Task>,
 }
 
 impl From<SearchArgs> for DecodeOptions {
@@ -201,6 +208,8 @@ impl From<SearchArgs> for DecodeOptions {
             ctc_weight: a.ctc_weight,
             reverse_weight: a.reverse_weight,
             beam_size: a.beam_size,
+            language: a.language,
+            task: a.task,
         }
     }
 }

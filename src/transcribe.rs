@@ -28,6 +28,9 @@ pub struct UtteranceResult {
     /// The kept decoding stopped at the token limit without end-of-text.
     pub hit_token_limit: bool,
     pub tokens: usize,
+    /// The language decoded in (multilingual models: detected or given), as its code.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub language: Option<String>,
 }
 
 /// The result of transcribing a manifest.
@@ -126,6 +129,7 @@ pub fn transcribe_manifest_with(
             attempts: decoded.attempts,
             hit_token_limit: decoded.hit_limit,
             tokens: decoded.tokens.len(),
+            language: decoded.language,
         });
         progress(i + 1, chosen.len(), &u.id);
     }

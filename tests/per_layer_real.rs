@@ -185,7 +185,7 @@ fn per_layer_breaks_the_smoothquant_error_down_by_layer() {
     // A limit that selects nothing is refused, not reported as figures over nothing.
     let none = VerifyOptions {
         limit: Some(0),
-        ..options
+        ..options.clone()
     };
     let e = verify_with(&rtn, &common::tiny_en(), &manifest, &none, |_, _, _| {}).unwrap_err();
     assert!(e.to_string().contains("--limit"), "{e}");

@@ -8,7 +8,7 @@ pub mod speech;
 pub mod whisper;
 
 pub use registry::{load, load_with};
-pub use speech::{DecodeOptions, Decoding, SpeechModel};
+pub use speech::{DecodeOptions, Decoding, SpeechModel, Task};
 
 use std::collections::HashSet;
 use std::path::Path;

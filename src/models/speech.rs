@@ -7,16 +7,49 @@
 use std::any::Any;
 
 use candle_core::Tensor;
+use serde::{Deserialize, Serialize};
 
 use super::exec::LinearExec;
 use crate::error::{Error, Result};
 use crate::frontend::read_audio;
 use crate::manifest::Utterance;
 
+/// What a model that can translate is asked to do: write down the speech in its language, or
+/// translate it into English (Whisper's multilingual models).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Task {
+    Transcribe,
+    Translate,
+}
+
+impl Task {
+    /// The name of the task token, `<|transcribe|>` or `<|translate|>` without its brackets.
+    pub fn name(self) -> &'static str {
+        match self {
+            Task::Transcribe => "transcribe",
+            Task::Translate => "translate",
+        }
+    }
+}
+
+impl std::str::FromStr for Task {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "transcribe" => Ok(Task::Transcribe),
+            "translate" => Ok(Task::Translate),
+            other => Err(format!(
+                "{other:?} is not a task; use transcribe or translate"
+            )),
+        }
+    }
+}
+
 /// Options of a model's search, as given on the command line or in a gate entry; `None` leaves
 /// the architecture's default. An architecture refuses by name an option its search does not
 /// have (Whisper decodes greedily and has no CTC weight), so a setting is never ignored.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct DecodeOptions {
     /// Attention rescoring: the weight of a candidate's CTC score (`--ctc-weight`).
     pub ctc_weight: Option<f64>,
@@ -25,6 +58,10 @@ pub struct DecodeOptions {
     pub reverse_weight: Option<f64>,
     /// CTC prefix beam search: the candidates kept (`--beam-size`).
     pub beam_size: Option<usize>,
+    /// The spoken language, as its code (`--language`; Whisper: detected when not given).
+    pub language: Option<String>,
+    /// Transcribe or translate (`--task`; Whisper's multilingual models).
+    pub task: Option<Task>,
 }
 
 impl DecodeOptions {
@@ -39,6 +76,12 @@ impl DecodeOptions {
         }
         if self.beam_size.is_some() {
             set.push("--beam-size");
+        }
+        if self.language.is_some() {
+            set.push("--language");
+        }
+        if self.task.is_some() {
+            set.push("--task");
         }
         set
     }
@@ -57,6 +100,8 @@ pub struct Decoding {
     pub attempts: usize,
     /// The kept decoding stopped at the token limit.
     pub hit_limit: bool,
+    /// The language the search decoded in, as its code (multilingual models; detected or given).
+    pub language: Option<String>,
 }
 
 /// A speech recognition model, full precision or run with a verify executor.

@@ -864,7 +864,7 @@ pub fn verify_on(
 }
 
 /// What a verify run does beyond the defaults.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct VerifyOptions {
     /// Only the first `limit` utterances of the manifest.
     pub limit: Option<usize>,
@@ -924,7 +924,7 @@ pub fn verify_many(
         served,
         device,
         per_layer: with_layers,
-        decode,
+        ref decode,
     } = *options;
     crate::transcribe::check_limit(limit)?;
     #[cfg(not(feature = "cuda"))]
@@ -938,11 +938,11 @@ pub fn verify_many(
             error: Box::new(e),
         },
     };
-    let r = crate::models::load_with(&Checkpoint::open(reference)?, &decode)?;
+    let r = crate::models::load_with(&Checkpoint::open(reference)?, decode)?;
     let models = quantized
         .iter()
         .enumerate()
-        .map(|(i, path)| QuantizedModel::load_with(path, &decode).map_err(|e| named(i, e)))
+        .map(|(i, path)| QuantizedModel::load_with(path, decode).map_err(|e| named(i, e)))
         .collect::<Result<Vec<_>>>()?;
     // Checked before any work: a checkpoint without its smoothing factors is refused here.
     let plans = models

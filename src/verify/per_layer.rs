@@ -32,7 +32,6 @@ use crate::error::{Error, Result};
 use crate::format::{ModuleKind, Scheme, SmoothFold};
 use crate::manifest::Utterance;
 use crate::models::exec::{activate, ce, to_vec, Linear, LinearExec};
-use crate::models::whisper::teacher_forced_from;
 use crate::models::whisper::WhisperAsr;
 use crate::models::SpeechModel;
 use crate::numerics::{self, Activation, OutDtype};
@@ -665,7 +664,7 @@ pub(crate) fn run_utterance(
         .zip(&in_encoder)
         .map(|(&rows, &enc)| rows > 0 && !enc)
         .collect();
-    let reference = teacher_forced_from(&r.model, &mut m, start.clone(), &r.rules, tokens)?;
+    let reference = r.score_from(&mut m, start.clone(), tokens)?;
     let reference_log: Vec<Vec<f64>> = reference
         .iter()
         .map(|row| log_softmax(&to_f64(row)))
@@ -700,7 +699,7 @@ pub(crate) fn run_utterance(
             } else {
                 start.clone()
             };
-            let logits = teacher_forced_from(&r.model, &mut exec, state, &r.rules, tokens)?;
+            let logits = r.score_from(&mut exec, state, tokens)?;
             let mut sum = LogitSum::default();
             sum.add(&reference, &reference_log, &logits);
             Ok((sum, exec.nonfinite))

@@ -393,5 +393,6 @@ pub fn read_f32(path: &Path) -> Vec<f32> {
         .collect()
 }
 
+pub mod family;
 pub mod links;
 pub mod wenet;

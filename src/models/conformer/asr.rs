@@ -187,6 +187,7 @@ impl SpeechModel for ConformerAsr {
             temperature: 0.0,
             attempts: 1,
             hit_limit: false,
+            language: None,
         })
     }
 

@@ -23,6 +23,18 @@ impl RescoringOptions {
     /// finite or out of range, a beam of 0, and a reverse weight for a model without a right
     /// decoder (it would weigh a score nobody computes).
     pub fn resolve(given: &DecodeOptions, right_decoder: bool) -> Result<Self> {
+        if given.language.is_some() || given.task.is_some() {
+            let option = if given.language.is_some() {
+                "--language"
+            } else {
+                "--task"
+            };
+            return Err(Error::option(
+                option,
+                "applies to Whisper's multilingual models; a CTC model decodes the one language \
+                 it was trained on",
+            ));
+        }
         let mut o = RescoringOptions::default();
         if let Some(w) = given.ctc_weight {
             if !(w.is_finite() && w >= 0.0) {
@@ -342,6 +354,7 @@ mod tests {
             ctc_weight: Some(0.3),
             reverse_weight: Some(0.5),
             beam_size: Some(4),
+            ..DecodeOptions::default()
         };
         let o = RescoringOptions::resolve(&given, true).unwrap();
         assert_eq!((o.ctc_weight, o.reverse_weight, o.beam_size), (0.3, 0.5, 4));
@@ -350,8 +363,13 @@ mod tests {
                 .unwrap_err()
                 .to_string()
         };
-        let no_right = refused(given, false);
+        let no_right = refused(given.clone(), false);
         assert!(no_right.contains("--reverse-weight") && no_right.contains("right-to-left"));
+        let whisper_only = DecodeOptions {
+            language: Some("de".into()),
+            ..DecodeOptions::default()
+        };
+        assert!(refused(whisper_only, true).contains("--language"));
         let bad = DecodeOptions {
             ctc_weight: Some(f64::NAN),
             ..DecodeOptions::default()

@@ -5,16 +5,17 @@ use std::any::Any;
 
 use candle_core::Tensor;
 
+use super::decoding::{detect_language, teacher_forced_from};
+use super::forward::DecoderState;
 use super::import::whisper_features;
 use super::{
-    decode_with_fallback, teacher_forced, token_limit, DecodingRules, Fallback, Whisper,
-    WhisperTokenizer,
+    decode_with_fallback, token_limit, DecodingRules, Fallback, Whisper, WhisperTokenizer,
 };
 use crate::checkpoint::{Checkpoint, CONFIG_FILE};
 use crate::error::{Error, Result};
 use crate::frontend::{whisper_logmel::N_SAMPLES, Frontend, WhisperFrontend, WHISPER_LOGMEL};
 use crate::models::exec::LinearExec;
-use crate::models::speech::{DecodeOptions, Decoding, SpeechModel};
+use crate::models::speech::{DecodeOptions, Decoding, SpeechModel, Task};
 
 /// A Whisper model with its tokenizer, decoding rules and frontend.
 pub struct WhisperAsr {
@@ -25,18 +26,43 @@ pub struct WhisperAsr {
     pub sample_rate: u32,
     /// The decoding safeguards (temperature fallback); [`Fallback::default`] as Whisper's own.
     pub fallback: Fallback,
+    /// The task given (`None`: the model's default, transcribe).
+    pub task: Option<Task>,
 }
 
 impl WhisperAsr {
-    /// Builds the model from a full-precision Whisper checkpoint (any supported format).
+    /// Builds the model from a full-precision Whisper checkpoint (any supported format), with
+    /// the model's default language handling (detected on a multilingual model) and task.
     pub fn new(ckpt: &Checkpoint) -> Result<Self> {
+        Self::with_options(ckpt, &DecodeOptions::default())
+    }
+
+    /// [`Self::new`] decoding in `options.language` and doing `options.task`; the rescoring
+    /// options of CTC models are refused by name.
+    pub fn with_options(ckpt: &Checkpoint, options: &DecodeOptions) -> Result<Self> {
+        if let Some(option) = options
+            .set()
+            .into_iter()
+            .find(|o| !["--language", "--task"].contains(o))
+        {
+            return Err(Error::option(
+                option,
+                "applies to CTC models with attention rescoring (u2pp_conformer); Whisper decodes \
+                 greedily",
+            ));
+        }
         let tokenizer_path = ckpt
             .tokenizer_files
             .get("tokenizer")
             .ok_or_else(|| Error::corrupt(&ckpt.dir, "no tokenizer.json"))?;
         let tokenizer = WhisperTokenizer::from_file(tokenizer_path)?;
         let model = Whisper::load(ckpt)?;
-        let rules = DecodingRules::new(&model, &tokenizer)?;
+        let rules = DecodingRules::new(
+            &model,
+            &tokenizer,
+            options.language.as_deref(),
+            options.task,
+        )?;
         let features = ckpt
             .config
             .features
@@ -68,7 +94,33 @@ impl WhisperAsr {
             frontend,
             sample_rate,
             fallback: Fallback::default(),
+            task: options.task,
         })
+    }
+}
+
+impl WhisperAsr {
+    /// [`SpeechModel::score`] from a decoder state (as [`Whisper::start_decoder`] returned it,
+    /// or a clone of one). A hypothesis of a detected language starts with its language token.
+    pub fn score_from(
+        &self,
+        exec: &mut dyn LinearExec,
+        state: DecoderState,
+        tokens: &[u32],
+    ) -> Result<Vec<Vec<f32>>> {
+        if !self.rules.detect_language {
+            return teacher_forced_from(&self.model, exec, state, &self.rules, tokens, false);
+        }
+        let (&language, text) = tokens
+            .split_first()
+            .filter(|(t, _)| self.rules.is_language(**t))
+            .ok_or_else(|| Error::Model {
+                what: "scoring".into(),
+                message: "a hypothesis of a detected language starts with its language token"
+                    .into(),
+            })?;
+        let rules = self.rules.with_language(language)?;
+        teacher_forced_from(&self.model, exec, state, &rules, text, true)
     }
 }
 
@@ -105,6 +157,8 @@ impl SpeechModel for WhisperAsr {
     }
 
     /// Greedy, with temperature fallback, up to [`token_limit`] tokens for the audio's length.
+    /// A multilingual model without a given language detects it first; the language token then
+    /// leads the tokens (and its row the scores), so that scoring the tokens replays it.
     fn decode(
         &self,
         exec: &mut dyn LinearExec,
@@ -112,22 +166,39 @@ impl SpeechModel for WhisperAsr {
         samples: usize,
         keep_scores: bool,
     ) -> Result<Decoding> {
+        let detected = if self.rules.detect_language {
+            Some(detect_language(&self.model, exec, encoded, &self.rules)?)
+        } else {
+            None
+        };
+        let rules = match &detected {
+            Some((token, _)) => self.rules.with_language(*token)?,
+            None => self.rules.clone(),
+        };
         let d = decode_with_fallback(
             &self.model,
             exec,
             encoded,
-            &self.rules,
+            &rules,
             &self.tokenizer,
             &self.fallback,
             token_limit(samples, self.sample_rate),
             keep_scores,
         )?;
+        let (mut tokens, mut scores) = (d.tokens, d.step_logits);
+        if let Some((token, row)) = detected {
+            tokens.insert(0, token);
+            if keep_scores {
+                scores.insert(0, row);
+            }
+        }
         Ok(Decoding {
-            tokens: d.tokens,
-            scores: d.step_logits,
+            tokens,
+            scores,
             temperature: d.temperature,
             attempts: d.attempts,
             hit_limit: d.hit_limit,
+            language: rules.language().map(str::to_string),
         })
     }
 
@@ -138,7 +209,19 @@ impl SpeechModel for WhisperAsr {
         encoded: &Tensor,
         tokens: &[u32],
     ) -> Result<Vec<Vec<f32>>> {
-        teacher_forced(&self.model, exec, encoded, &self.rules, tokens)
+        let state = self.model.start_decoder(exec, encoded)?;
+        self.score_from(exec, state, tokens)
+    }
+
+    fn decode_options_record(&self) -> std::collections::BTreeMap<String, serde_json::Value> {
+        let mut record = std::collections::BTreeMap::new();
+        if let Some(language) = self.rules.language() {
+            record.insert("language".into(), language.into());
+        }
+        if let Some(task) = self.task {
+            record.insert("task".into(), task.name().into());
+        }
+        record
     }
 
     fn text(&self, tokens: &[u32]) -> Result<String> {
@@ -150,15 +233,8 @@ impl SpeechModel for WhisperAsr {
     }
 }
 
-/// The registry's loader. Whisper's search (greedy with the temperature fallback) has none of
-/// the rescoring options.
+/// The registry's loader. Whisper's search (greedy with the temperature fallback) takes a
+/// language and a task, and none of the rescoring options.
 pub(crate) fn load(ckpt: &Checkpoint, options: &DecodeOptions) -> Result<Box<dyn SpeechModel>> {
-    if let Some(option) = options.set().first() {
-        return Err(Error::option(
-            *option,
-            "applies to CTC models with attention rescoring (u2pp_conformer); Whisper decodes \
-             greedily",
-        ));
-    }
-    Ok(Box::new(WhisperAsr::new(ckpt)?))
+    Ok(Box::new(WhisperAsr::with_options(ckpt, options)?))
 }

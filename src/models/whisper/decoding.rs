@@ -1,13 +1,15 @@
 //! Greedy decoding with the model's own prompt, and teacher-forced scoring.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::path::Path;
 
 use candle_core::Tensor;
 
+use super::config::WhisperConfig;
 use super::forward::{argmax_allowed, logits_rows, DecoderState, Whisper};
 use crate::error::{Error, Result};
 use crate::models::exec::LinearExec;
+use crate::models::speech::Task;
 
 /// Whisper's `sample_len`: at most this many generated tokens (n_text_ctx / 2).
 pub const MAX_NEW_TOKENS: usize = 224;
@@ -40,12 +42,17 @@ impl WhisperTokenizer {
         })
     }
 
-    /// The text of the tokens, special tokens dropped.
     /// The id of a token of the vocabulary, special tokens included.
     pub fn token_id(&self, token: &str) -> Option<u32> {
         self.inner.token_to_id(token)
     }
 
+    /// The token of an id, special tokens included.
+    pub fn token(&self, id: u32) -> Option<String> {
+        self.inner.id_to_token(id)
+    }
+
+    /// The text of the tokens, special tokens dropped.
     pub fn decode(&self, tokens: &[u32]) -> Result<String> {
         let text: Vec<u32> = tokens.iter().copied().filter(|t| *t < self.eot).collect();
         self.inner
@@ -61,7 +68,8 @@ impl WhisperTokenizer {
 /// The prompt and the suppression rules of greedy decoding.
 #[derive(Debug, Clone)]
 pub struct DecodingRules {
-    /// Start-of-transcript then the forced tokens (tiny.en: `<|notimestamps|>`).
+    /// Start-of-transcript then the forced tokens: `<|notimestamps|>` for an English-only model;
+    /// language, task and `<|notimestamps|>` for a multilingual one.
     pub prompt: Vec<u32>,
     pub eot: u32,
     suppress: HashSet<u32>,
@@ -70,26 +78,95 @@ pub struct DecodingRules {
     timestamp_begin: u32,
     /// `<|nospeech|>` (`<|nocaptions|>` in older tokenizers), when the vocabulary has it.
     pub no_speech: Option<u32>,
+    /// Where the language token sits in `prompt` (multilingual models).
+    language_at: Option<usize>,
+    /// The language is detected per utterance: `prompt[language_at]` is only a placeholder.
+    pub detect_language: bool,
+    /// The language tokens of a multilingual vocabulary and their codes (`en`, `de`, ...).
+    languages: BTreeMap<u32, String>,
 }
 
 impl DecodingRules {
-    pub fn new(model: &Whisper, tokenizer: &WhisperTokenizer) -> Result<Self> {
+    /// The rules of `model`'s own prompt. A multilingual model decodes in `language` (a code such
+    /// as `de`; `None`: detected per utterance, as the reference implementations do) and does
+    /// `task` (`None`: transcribe). An English-only model takes neither, except `--language en`.
+    pub fn new(
+        model: &Whisper,
+        tokenizer: &WhisperTokenizer,
+        language: Option<&str>,
+        task: Option<Task>,
+    ) -> Result<Self> {
         let c = &model.config;
+        let multilingual = c.is_multilingual();
+        if !multilingual {
+            if let Some(code) = language.filter(|code| *code != "en") {
+                return Err(Error::option(
+                    "--language",
+                    format!("this model is English-only (a {}-token vocabulary); it cannot decode in {code:?}", c.vocab_size),
+                ));
+            }
+            if task == Some(Task::Translate) {
+                return Err(Error::option(
+                    "--task",
+                    "translate needs a multilingual model; this one is English-only",
+                ));
+            }
+        }
+        let languages = if multilingual {
+            language_tokens(c, tokenizer)
+        } else {
+            BTreeMap::new()
+        };
+        let task_ids: Vec<u32> = c.task_token_ids.values().copied().collect();
         let mut prompt = vec![c.decoder_start_token_id];
+        let mut language_at = None;
         let mut forced = c.forced_decoder_ids.clone();
         forced.sort();
         for (position, token) in forced {
-            let token = token.ok_or_else(|| Error::NotImplemented {
-                what: "language detection".into(),
-                detail: "a multilingual model needs its language token; this version transcribes English-only models".into(),
-            })?;
             if position != prompt.len() {
                 return Err(Error::Model {
                     what: "prompt".into(),
                     message: format!("forced_decoder_ids leave position {} unset", prompt.len()),
                 });
             }
+            let token = match token {
+                // The language slot of a multilingual prompt.
+                None if multilingual => {
+                    language_at = Some(position);
+                    match language {
+                        Some(code) => language_token(&languages, code)?,
+                        None => c.decoder_start_token_id,
+                    }
+                }
+                None => {
+                    return Err(Error::Model {
+                        what: "prompt".into(),
+                        message: format!(
+                            "forced_decoder_ids leave position {position} to be chosen, but the \
+                             model is English-only"
+                        ),
+                    })
+                }
+                Some(t) if task_ids.contains(&t) => match task {
+                    Some(task) => *c.task_token_ids.get(task.name()).ok_or_else(|| {
+                        Error::option(
+                            "--task",
+                            format!("the model has no <|{}|> token", task.name()),
+                        )
+                    })?,
+                    None => t,
+                },
+                Some(t) => t,
+            };
             prompt.push(token);
+        }
+        if multilingual && language_at.is_none() {
+            return Err(Error::Model {
+                what: "prompt".into(),
+                message:
+                    "a multilingual model's forced_decoder_ids must leave the language slot open"
+                        .into(),
+            });
         }
         Ok(DecodingRules {
             prompt,
@@ -98,7 +175,42 @@ impl DecodingRules {
             suppress_at_begin: c.begin_suppress_tokens.iter().copied().collect(),
             timestamp_begin: tokenizer.no_timestamps + 1,
             no_speech: tokenizer.no_speech,
+            detect_language: language_at.is_some() && language.is_none(),
+            language_at,
+            languages,
         })
+    }
+
+    /// These rules with the language of `token` set in the prompt.
+    pub fn with_language(&self, token: u32) -> Result<Self> {
+        let at = self.language_at.ok_or_else(|| Error::Model {
+            what: "prompt".into(),
+            message: "an English-only model has no language token".into(),
+        })?;
+        if !self.languages.contains_key(&token) {
+            return Err(Error::Model {
+                what: "prompt".into(),
+                message: format!("token {token} is not a language token"),
+            });
+        }
+        let mut rules = self.clone();
+        rules.prompt[at] = token;
+        rules.detect_language = false;
+        Ok(rules)
+    }
+
+    /// The code of the prompt's language, once it is set (multilingual models).
+    pub fn language(&self) -> Option<&str> {
+        if self.detect_language {
+            return None;
+        }
+        let token = self.prompt.get(self.language_at?)?;
+        self.languages.get(token).map(String::as_str)
+    }
+
+    /// Whether `token` is a language token.
+    pub fn is_language(&self, token: u32) -> bool {
+        self.languages.contains_key(&token)
     }
 
     fn allowed(&self, token: usize, first: bool) -> bool {
@@ -107,6 +219,72 @@ impl DecodingRules {
             && !self.suppress.contains(&t)
             && !(first && self.suppress_at_begin.contains(&t))
     }
+}
+
+/// The language tokens of a multilingual model: `lang_to_id` of its generation config, or else
+/// the tokenizer's `<|xx|>` tokens between start-of-transcript and `<|translate|>` (OpenAI's
+/// layout of the special tokens).
+fn language_tokens(c: &WhisperConfig, tokenizer: &WhisperTokenizer) -> BTreeMap<u32, String> {
+    let code_of = |id: u32| {
+        tokenizer.token(id).and_then(|t| {
+            t.strip_prefix("<|")
+                .and_then(|t| t.strip_suffix("|>"))
+                .filter(|code| !code.is_empty() && code.chars().all(|ch| ch.is_ascii_lowercase()))
+                .map(str::to_string)
+        })
+    };
+    let ids: Vec<u32> = if c.language_token_ids.is_empty() {
+        let end = c
+            .task_token_ids
+            .values()
+            .copied()
+            .min()
+            .unwrap_or(c.decoder_start_token_id);
+        (c.decoder_start_token_id + 1..end).collect()
+    } else {
+        c.language_token_ids.clone()
+    };
+    ids.into_iter()
+        .filter_map(|id| code_of(id).map(|code| (id, code)))
+        .collect()
+}
+
+/// The token of a language code, refused by name when the model has no such language.
+fn language_token(languages: &BTreeMap<u32, String>, code: &str) -> Result<u32> {
+    languages
+        .iter()
+        .find(|(_, c)| c.as_str() == code)
+        .map(|(id, _)| *id)
+        .ok_or_else(|| {
+            let known: Vec<&str> = languages.values().map(String::as_str).collect();
+            Error::option(
+                "--language",
+                format!(
+                    "{code:?} is not a language of this model; it knows {}",
+                    known.join(", ")
+                ),
+            )
+        })
+}
+
+/// Whisper's language detection: the decoder fed start-of-transcript alone, its logits over the
+/// language tokens only, the most likely one. Run on the encoder output that is then decoded (as
+/// faster-whisper and transformers do). Returns the token and the whole row of logits.
+pub fn detect_language(
+    model: &Whisper,
+    exec: &mut dyn LinearExec,
+    audio: &Tensor,
+    rules: &DecodingRules,
+) -> Result<(u32, Vec<f32>)> {
+    let mut state = model.start_decoder(exec, audio)?;
+    let logits = model.decode(exec, &mut state, &rules.prompt[..1])?;
+    let row = logits_rows(&logits)?.pop().unwrap_or_default();
+    let token =
+        argmax_allowed(&row, |i| rules.is_language(i as u32)).ok_or_else(|| Error::Model {
+            what: "language detection".into(),
+            message: "the model has no language tokens; give --language".into(),
+        })?;
+    Ok((token, row))
 }
 
 /// A decoding: the generated tokens (without prompt and end-of-text) and, when asked, the raw
@@ -427,20 +605,30 @@ pub fn teacher_forced(
     tokens: &[u32],
 ) -> Result<Vec<Vec<f32>>> {
     let state = model.start_decoder(exec, audio)?;
-    teacher_forced_from(model, exec, state, rules, tokens)
+    teacher_forced_from(model, exec, state, rules, tokens, false)
 }
 
 /// [`teacher_forced`] from a fresh decoder state (as [`Whisper::start_decoder`] returned it, or
 /// a clone of one): the cross-attention keys and values are not computed again.
+/// `with_language_row` puts the row after start-of-transcript first (the row a detected language
+/// was chosen from).
 pub fn teacher_forced_from(
     model: &Whisper,
     exec: &mut dyn LinearExec,
     mut state: DecoderState,
     rules: &DecodingRules,
     tokens: &[u32],
+    with_language_row: bool,
 ) -> Result<Vec<Vec<f32>>> {
     let mut input = rules.prompt.clone();
     input.extend_from_slice(tokens);
-    let rows = logits_rows(&model.decode(exec, &mut state, &input)?)?;
-    Ok(rows[rules.prompt.len() - 1..].to_vec())
+    let mut rows = logits_rows(&model.decode(exec, &mut state, &input)?)?;
+    let first = rows.first().cloned();
+    let mut scored = rows.split_off(rules.prompt.len() - 1);
+    // A detected language is the hypothesis' first token: its row is the one after
+    // start-of-transcript, the row detection chose it from.
+    if with_language_row {
+        scored.insert(0, first.unwrap_or_default());
+    }
+    Ok(scored)
 }

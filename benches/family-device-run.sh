@@ -1,0 +1,124 @@
+#!/usr/bin/env bash
+# The Whisper family's scale benchmarks (BENCHMARKS.md, "Whisper at every size") and the
+# transformers fixture of multilingual decoding, on the lent GPU machine (16 CPU cores, torch and
+# transformers; no Rust toolchain, no network). No GPU is used.
+#
+# Here, after `cargo build --release --examples` and calib/fetch-assets.sh:
+#   benches/family-device-run.sh --stage            # .dev-out/family, about 10 MB
+# There (carry .dev-out), from the repository root:
+#   benches/family-device-run.sh fixture            # $OUT/transformers.json
+#   benches/family-device-run.sh scale SIZE...      # $OUT/scale.tsv: RTN, calibration, verify
+#   THREADS=2 benches/family-device-run.sh calib SIZE...   # calibration on 2 cores only
+# Every checkpoint is seeded random weights (examples/whisper_family.rs): cost, not accuracy.
+set -euo pipefail
+
+STAGE=.dev-out/family
+UTTERANCES=(added jfk-ask-not praatio-bobby)
+
+if [[ "${1:-}" == "--stage" ]]; then
+    cache=${OASR_CACHE_DIR:-$HOME/.cache/oasr-quantize}
+    rm -rf "$STAGE"
+    mkdir -p "$STAGE/tok" "$STAGE/audio"
+    strip -o "$STAGE/oasr-quantize" target/release/oasr-quantize
+    strip -o "$STAGE/whisper_family" target/release/examples/whisper_family
+    for t in english multilingual multilingual-v3; do
+        cp -r "$cache/whisper-tokenizers/$t" "$STAGE/tok/"
+    done
+    python3 - "$cache" "$STAGE" "${UTTERANCES[@]}" <<'PY'
+import json, os, shutil, sys
+cache, stage, wanted = sys.argv[1], sys.argv[2], sys.argv[3:]
+def rows(m):
+    base = os.path.dirname(m)
+    for line in open(m):
+        if line.strip():
+            u = json.loads(line)
+            yield u, os.path.join(base, u["audio"])
+found = {}
+for m in ["asterisk/gate.jsonl", "crossdomain/gate.jsonl"]:
+    for u, path in rows(os.path.join(cache, m)):
+        if u["id"] in wanted:
+            found[u["id"]] = path
+with open(os.path.join(stage, "fixture-audio.txt"), "w") as f:
+    for uid in wanted:
+        shutil.copy(found[uid], os.path.join(stage, "audio", uid + ".wav"))
+        f.write(f"{uid}=audio/{uid}.wav\n")
+# Calibration: the first two utterances of the default calibration manifest.
+with open(os.path.join(stage, "calib.jsonl"), "w") as f:
+    for i, (u, path) in enumerate(rows(os.path.join(cache, "asterisk/calib.jsonl"))):
+        if i == 2:
+            break
+        shutil.copy(path, os.path.join(stage, "audio", os.path.basename(path)))
+        u["audio"] = "audio/" + os.path.basename(path)
+        f.write(json.dumps(u) + "\n")
+PY
+    du -sh "$STAGE"
+    exit 0
+fi
+
+OUT=${OUT:?run on the device machine}
+Q=$PWD/$STAGE/oasr-quantize
+F=$PWD/$STAGE/whisper_family
+export OASR_WHISPER_TOKENIZERS=$PWD/$STAGE/tok
+W=/root/family
+mkdir -p "$W"
+
+# timed LABEL CMD...: wall seconds and peak RSS (MiB) of CMD, one TSV line in $OUT/scale.tsv.
+timed() {
+    local label=$1
+    shift
+    /usr/bin/time -f "%e %M" -o "$W/time" "$@" >"$W/last.log" 2>&1 || { cat "$W/last.log"; exit 1; }
+    read -r wall rss <"$W/time"
+    printf '%s\t%s\t%.1f\n' "$label" "$wall" "$((rss / 1024))" | tee -a "$OUT/scale.tsv"
+}
+
+source_of() {
+    local size=$1 shards=1
+    [[ $size == large* ]] && shards=4
+    [[ -d $W/$size ]] || "$F" "$size" "$W/$size" --shards "$shards"
+    echo "$W/$size"
+}
+
+case "${1:-}" in
+fixture)
+    [[ -d $W/parity ]] || "$F" parity-multilingual "$W/parity" --dtype f32
+    args=()
+    while IFS= read -r line; do args+=("${line%%=*}=$PWD/$STAGE/${line#*=}"); done <"$STAGE/fixture-audio.txt"
+    python3 tests/whisper_multilingual/make_fixture.py "$W/parity" "$OUT/transformers.json" "${args[@]}"
+    ;;
+scale)
+    shift
+    nproc | sed 's/^/cores\t/' | tee -a "$OUT/scale.tsv"
+    # The disk: 4 GiB written and flushed, then read back (the page cache dropped when allowed).
+    timed disk-write-4GiB dd if=/dev/zero of="$W/dd" bs=16M count=256 conv=fdatasync
+    sync; echo 3 >/proc/sys/vm/drop_caches 2>/dev/null || true
+    timed disk-read-4GiB dd if="$W/dd" of=/dev/null bs=16M
+    rm -f "$W/dd"
+    for size in "$@"; do
+        src=$(source_of "$size")
+        printf '%s-source-bytes\t%s\n' "$size" "$(du -sb "$src" | cut -f1)" | tee -a "$OUT/scale.tsv"
+        sync; echo 3 >/proc/sys/vm/drop_caches 2>/dev/null || true
+        timed "$size-rtn" "$Q" "$src" "$W/$size-int8" --recipe int8_w8a8_rtn --overwrite
+        printf '%s-output-bytes\t%s\n' "$size" "$(du -sb "$W/$size-int8" | cut -f1)" | tee -a "$OUT/scale.tsv"
+        timed "$size-calib-smoothquant-2utt" "$Q" "$src" "$W/$size-sq" --recipe smoothquant_w8a8 \
+            --calib-manifest "$STAGE/calib.jsonl" --calib-utterances 2 --overwrite
+        timed "$size-verify-1utt" "$Q" verify "$W/$size-int8" --reference "$src" \
+            --manifest "$STAGE/calib.jsonl" --limit 1
+        rm -rf "$W/$size-sq"
+    done
+    ;;
+calib)
+    shift
+    threads=${THREADS:-2}
+    for size in "$@"; do
+        src=$(source_of "$size")
+        timed "$size-calib-smoothquant-2utt-$threads-threads" \
+            env RAYON_NUM_THREADS="$threads" taskset -c "0-$((threads - 1))" "$Q" "$src" "$W/$size-sq" --recipe smoothquant_w8a8 \
+            --calib-manifest "$STAGE/calib.jsonl" --calib-utterances 2 --overwrite
+        rm -rf "$W/$size-sq"
+    done
+    ;;
+*)
+    echo "usage: $0 --stage | fixture | scale SIZE... | calib SIZE..." >&2
+    exit 2
+    ;;
+esac
