@@ -8,6 +8,7 @@
 # There (carry .dev-out), from the repository root:
 #   benches/family-device-run.sh fixture            # $OUT/transformers.json
 #   benches/family-device-run.sh scale SIZE...      # $OUT/scale.tsv: RTN, calibration, verify
+#   RTN_ONLY=1 benches/family-device-run.sh scale SIZE...   # the disk and RTN only
 #   THREADS=2 benches/family-device-run.sh calib SIZE...   # calibration on 2 cores only
 # Every checkpoint is seeded random weights (examples/whisper_family.rs): cost, not accuracy.
 set -euo pipefail
@@ -99,6 +100,7 @@ scale)
         sync; echo 3 >/proc/sys/vm/drop_caches 2>/dev/null || true
         timed "$size-rtn" "$Q" "$src" "$W/$size-int8" --recipe int8_w8a8_rtn --overwrite
         printf '%s-output-bytes\t%s\n' "$size" "$(du -sb "$W/$size-int8" | cut -f1)" | tee -a "$OUT/scale.tsv"
+        [[ -n ${RTN_ONLY:-} ]] && continue
         timed "$size-calib-smoothquant-2utt" "$Q" "$src" "$W/$size-sq" --recipe smoothquant_w8a8 \
             --calib-manifest "$STAGE/calib.jsonl" --calib-utterances 2 --overwrite
         timed "$size-verify-1utt" "$Q" verify "$W/$size-int8" --reference "$src" \
@@ -109,6 +111,7 @@ scale)
 calib)
     shift
     threads=${THREADS:-2}
+    nproc | sed 's/^/cores\t/' | tee -a "$OUT/scale.tsv"
     for size in "$@"; do
         src=$(source_of "$size")
         timed "$size-calib-smoothquant-2utt-$threads-threads" \

@@ -95,12 +95,15 @@ fn language_detection_and_the_multilingual_prompt_match_transformers() {
         let d = greedy_from_hf_features(&mut detect, &samples);
         let language = u["detected_language"].as_u64().unwrap() as u32;
         assert_eq!(d.tokens[0], language, "{id}: detected language");
-        let prompt = ids(&u["detected"]["prompt"]);
-        assert_eq!(
-            detect.rules.with_language(language).unwrap().prompt,
-            prompt,
-            "{id}"
-        );
+        // transformers 5 returns the generated tokens without its prompt: ours is checked
+        // against OpenAI's token ids (start of transcript 50258, <|de|> 50261, <|translate|>
+        // 50358, <|transcribe|> 50359, <|notimestamps|> 50363), and against transformers' own
+        // where a version returns it.
+        let prompt = detect.rules.with_language(language).unwrap().prompt;
+        assert_eq!(prompt, [50258, language, 50359, 50363], "{id}");
+        if !u["detected"]["prompt"].is_null() {
+            assert_eq!(prompt, ids(&u["detected"]["prompt"]), "{id}");
+        }
         let mut ours = d.tokens[1..].to_vec();
         ours.push(eot);
         assert_same_prefix(&ours, &ids(&u["detected"]["tokens"]), id);
@@ -112,11 +115,14 @@ fn language_detection_and_the_multilingual_prompt_match_transformers() {
             ..DecodeOptions::default()
         };
         let mut german = asr(&src, &options);
-        assert_eq!(
-            german.rules.prompt,
-            ids(&u["german_translate"]["prompt"]),
-            "{id}"
-        );
+        assert_eq!(german.rules.prompt, [50258, 50261, 50358, 50363], "{id}");
+        if !u["german_translate"]["prompt"].is_null() {
+            assert_eq!(
+                german.rules.prompt,
+                ids(&u["german_translate"]["prompt"]),
+                "{id}"
+            );
+        }
         let g = greedy_from_hf_features(&mut german, &samples);
         assert_eq!(g.language.as_deref(), Some("de"));
         let mut ours = g.tokens.clone();

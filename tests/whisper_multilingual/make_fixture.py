@@ -67,14 +67,19 @@ def main():
                 seq = model.generate(
                     features, max_new_tokens=MAX_NEW_TOKENS, do_sample=False, num_beams=1, **kwargs
                 )[0].tolist()
-                # The prompt ends at <|notimestamps|>.
-                end = seq.index(g.no_timestamps_token_id) + 1
-                prompt, tokens = split(seq, end)
+                # Older versions return the prompt (it ends at <|notimestamps|>), newer ones
+                # only the generated tokens.
+                if g.no_timestamps_token_id in seq:
+                    end = seq.index(g.no_timestamps_token_id) + 1
+                    prompt, tokens = split(seq, end)
+                else:
+                    prompt, tokens = None, seq
                 if eot in tokens:
                     tokens = tokens[: tokens.index(eot) + 1]
                 record[name] = {"prompt": prompt, "tokens": tokens}
-        # generate's detected prompt is [start of transcript, language, task, no timestamps].
-        record["detected_language"] = record["detected"]["prompt"][1]
+            # The language generate detects (language=None), by transformers' own detection.
+            lang = model.detect_language(input_features=features, generation_config=g)
+        record["detected_language"] = int(lang.reshape(-1)[0])
         utterances.append(record)
     fixture = {
         "generator": "tests/whisper_multilingual/make_fixture.py",
