@@ -181,7 +181,8 @@ enum Command {
 }
 
 /// A run over a manifest, shared by `transcribe` and `verify`.
-/// The model's search (attention rescoring of a CTC model; Whisper refuses them by name).
+/// The model's search: attention rescoring of a CTC model (Whisper refuses it by name), and
+/// Whisper's language and task (the CTC model refuses them).
 #[derive(Args, Clone)]
 struct SearchArgs {
     /// Attention rescoring: the weight of a candidate's CTC score (default 0.5, WeNet's runtime).
