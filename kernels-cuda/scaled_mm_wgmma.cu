@@ -28,9 +28,9 @@
 //
 // - int8: wgmma m64nNk32 .s32.s8.s8, exact int32 accumulation over the whole K; the first
 //   wgmma of a tile starts from zero (scale-d = 0). Bit-exact with the CPU reference.
-// - e4m3: wgmma m64nNk32 .f32.e4m3.e4m3 into a temporary accumulator per 128-byte K slice,
-//   added into an f32 master accumulator with __fadd_rn once the slice is complete, slices in
-//   ascending K order (Hopper's fp8 wgmma keeps fewer accumulator bits than f32; promoting
+// - e4m3: wgmma m64nNk32 .f32.e4m3.e4m3 into a temporary accumulator per 128-byte K slice
+//   (or per 64 / 32 K elements: OASR_WGMMA_FP8_PROMOTE), added into an f32 master accumulator
+//   with __fadd_rn once the slice is complete, slices in ascending K order (Hopper's fp8 wgmma keeps fewer accumulator bits than f32; promoting
 //   bounds what it can lose); two temporaries alternate where registers allow, so one slice's
 //   wgmmas run while the previous one is promoted. Every output element is the same chain for
 //   every M and every tile configuration, so the result is batch-invariant.
@@ -247,19 +247,36 @@ __device__ __forceinline__ void oasr_wgmma_mma(float (&d)[BN / 2], u64 da, u64 d
     }
 }
 
-// One 128-byte K slice: 4 wgmma k32 steps on stage tiles `a` (this warpgroup's 64 rows) and `b`.
-template <int BN, typename Acc>
-__device__ __forceinline__ void oasr_wgmma_slice(Acc (&d)[BN / 2], u32 a, u32 b, bool accumulate) {
-    const u64 da = oasr_wgmma_desc(a);
-    const u64 db = oasr_wgmma_desc(b);
+// STEPS wgmma k32 steps of a 128-byte K slice, from step `first`, on stage tiles `a` (this
+// warpgroup's 64 rows) and `b`; the whole slice is STEPS = 4, first = 0.
+template <int BN, int STEPS, typename Acc>
+__device__ __forceinline__ void oasr_wgmma_steps(Acc (&d)[BN / 2], u32 a, u32 b, int first,
+                                                 bool accumulate) {
+    // +32 bytes per k32 step: +2 in the descriptor's (address >> 4) field.
+    const u64 da = oasr_wgmma_desc(a) + 2 * first;
+    const u64 db = oasr_wgmma_desc(b) + 2 * first;
     oasr_wgmma_fence();
 #pragma unroll
-    for (int ks = 0; ks < 4; ++ks) {
-        // +32 bytes per k32 step: +2 in the descriptor's (address >> 4) field.
+    for (int ks = 0; ks < STEPS; ++ks) {
         oasr_wgmma_mma<BN>(d, da + 2 * ks, db + 2 * ks, (accumulate || ks > 0) ? 1 : 0);
     }
     oasr_wgmma_commit();
 }
+
+template <int BN, typename Acc>
+__device__ __forceinline__ void oasr_wgmma_slice(Acc (&d)[BN / 2], u32 a, u32 b, bool accumulate) {
+    oasr_wgmma_steps<BN, 4>(d, a, b, 0, accumulate);
+}
+
+// fp8: K elements per promotion into the f32 master accumulator (128, 64 or 32). 128 is one
+// stage's slice; 64 and 32 promote 2 or 4 times a slice, so the tensor core's short
+// accumulation covers fewer products (docs/cuda.md measures what each costs).
+#ifndef OASR_WGMMA_FP8_PROMOTE
+#define OASR_WGMMA_FP8_PROMOTE 128
+#endif
+static_assert(OASR_WGMMA_FP8_PROMOTE == 128 || OASR_WGMMA_FP8_PROMOTE == 64 ||
+                  OASR_WGMMA_FP8_PROMOTE == 32,
+              "OASR_WGMMA_FP8_PROMOTE must be 128, 64 or 32");
 
 // Output tile `t` of a tiles_m x tiles_n grid, grouped by OASR_WGMMA_GROUP_M row tiles (as
 // scaled_mm.cu) so that the tiles in flight at once share rows of A and columns of W in L2.
@@ -768,22 +785,27 @@ __device__ __forceinline__ void oasr_wgmma_gemm(const GemmParams& p, const OasrT
                 oasr_wgmma_epilogue<BN, EC>(p, to, acc, publish_columns(), scratch, stage,
                                                  row_base, col0, lane, slab_scale);
             } else {
-                // Each 128-byte K slice goes into a temporary accumulator (its first wgmma
-                // with scale-d = 0), which is added into the master accumulator once the
-                // slice's wgmmas are complete: slices in ascending K order, one __fadd_rn per
-                // slice and element. With two temporaries (where the registers allow) slice
-                // i + 1's wgmmas run while slice i is promoted, so the tensor cores never wait
-                // for the additions. ptxas serializes every wgmma if a non-wgmma instruction
-                // writes the accumulator of one in flight, so only a completed temporary is
-                // ever fenced or read.
+                // Each promotion unit (OASR_WGMMA_FP8_PROMOTE K elements: a 128-byte slice or
+                // a part of one) goes into a temporary accumulator (its first wgmma with
+                // scale-d = 0), which is added into the master accumulator once the unit's
+                // wgmmas are complete: units in ascending K order, one __fadd_rn per unit and
+                // element. With two temporaries (where the registers allow) unit i + 1's wgmmas
+                // run while unit i is promoted, so the tensor cores never wait for the
+                // additions. ptxas serializes every wgmma if a non-wgmma instruction writes
+                // the accumulator of one in flight, so only a completed temporary is ever
+                // fenced or read. A stage's slot is released after its last unit.
+                constexpr int STEPS = OASR_WGMMA_FP8_PROMOTE / 32;  // k32 steps per unit
+                constexpr int UNITS = 4 / STEPS;                    // units per stage
                 float master[R];
 #pragma unroll
                 for (int i = 0; i < R; ++i) master[i] = 0.0f;
                 float ta[R] = {};
-                auto issue = [&](float (&t)[R]) {
-                    oasr_mbar_wait(bars + 8 * s, phase);
+                auto issue = [&](float (&t)[R], int part) {
                     oasr_fence_regs(t);
-                    oasr_wgmma_slice<BN>(t, sa + s * A_STAGE + a_off, sb + s * B_STAGE, false);
+                    oasr_wgmma_steps<BN, STEPS>(t, sa + s * A_STAGE + a_off, sb + s * B_STAGE,
+                                                part * STEPS, false);
+                };
+                auto next_stage = [&]() {
                     const int slot = s;
                     if (++s == STAGES) {
                         s = 0;
@@ -791,47 +813,72 @@ __device__ __forceinline__ void oasr_wgmma_gemm(const GemmParams& p, const OasrT
                     }
                     return slot;
                 };
-                // After the wait that completed `t`'s slice: release its slot, promote it.
+                // After the wait that completed `t`'s unit: release `slot` (-1: none) if the
+                // unit ended its stage (every earlier wgmma is complete too), promote it.
                 auto promote = [&](float (&t)[R], int slot) {
                     oasr_fence_regs(t);
-                    if (lane == 0) {
+                    if (slot >= 0 && lane == 0) {
                         oasr_mbar_arrive(bars + 8 * (STAGES + slot));
                     }
 #pragma unroll
                     for (int e = 0; e < R; ++e) master[e] = __fadd_rn(master[e], t[e]);
                 };
-                int slot_a = issue(ta);
-                if constexpr (FP8_TWO_TEMPS) {
-                    float tb[R] = {};
-                    int kt = 1;
-                    for (; kt + 1 < ktiles; kt += 2) {
-                        const int slot_b = issue(tb);
-                        oasr_wgmma_wait<1>();
-                        promote(ta, slot_a);
-                        slot_a = issue(ta);
-                        oasr_wgmma_wait<1>();
-                        promote(tb, slot_b);
-                    }
-                    if (kt < ktiles) {
-                        const int slot_b = issue(tb);
-                        oasr_wgmma_wait<1>();
-                        promote(ta, slot_a);
-                        oasr_wgmma_wait<0>();
-                        promote(tb, slot_b);
-                    } else {
-                        oasr_wgmma_wait<0>();
-                        promote(ta, slot_a);
+                if constexpr (UNITS > 1) {
+                    // Several units a stage: one temporary, each unit waits for the one before
+                    // (the other consumer warpgroup, or another CTA on the SM, keeps the tensor
+                    // cores busy meanwhile). Two alternating temporaries made ptxas serialize
+                    // every wgmma of the 128 x 128 tile at these intervals.
+                    for (int kt = 0; kt < ktiles; ++kt) {
+                        oasr_mbar_wait(bars + 8 * s, phase);
+#pragma unroll
+                        for (int part = 0; part < UNITS; ++part) {
+                            issue(ta, part);
+                            oasr_wgmma_wait<0>();
+                            promote(ta, part == UNITS - 1 ? s : -1);
+                        }
+                        next_stage();
                     }
                 } else {
-                    // One temporary: the other consumer warpgroup, or another CTA on the SM,
-                    // keeps the tensor cores busy during the addition.
-                    for (int kt = 1; kt < ktiles; ++kt) {
+                    oasr_mbar_wait(bars + 8 * s, phase);
+                    issue(ta, 0);
+                    int slot_a = next_stage();
+                    auto issue_stage = [&](float (&t)[R]) {
+                        oasr_mbar_wait(bars + 8 * s, phase);
+                        issue(t, 0);
+                        return next_stage();
+                    };
+                    if constexpr (FP8_TWO_TEMPS) {
+                        float tb[R] = {};
+                        int kt = 1;
+                        for (; kt + 1 < ktiles; kt += 2) {
+                            const int slot_b = issue_stage(tb);
+                            oasr_wgmma_wait<1>();
+                            promote(ta, slot_a);
+                            slot_a = issue_stage(ta);
+                            oasr_wgmma_wait<1>();
+                            promote(tb, slot_b);
+                        }
+                        if (kt < ktiles) {
+                            const int slot_b = issue_stage(tb);
+                            oasr_wgmma_wait<1>();
+                            promote(ta, slot_a);
+                            oasr_wgmma_wait<0>();
+                            promote(tb, slot_b);
+                        } else {
+                            oasr_wgmma_wait<0>();
+                            promote(ta, slot_a);
+                        }
+                    } else {
+                        // One temporary: the other consumer warpgroup, or another CTA on the
+                        // SM, keeps the tensor cores busy during the addition.
+                        for (int kt = 1; kt < ktiles; ++kt) {
+                            oasr_wgmma_wait<0>();
+                            promote(ta, slot_a);
+                            slot_a = issue_stage(ta);
+                        }
                         oasr_wgmma_wait<0>();
                         promote(ta, slot_a);
-                        slot_a = issue(ta);
                     }
-                    oasr_wgmma_wait<0>();
-                    promote(ta, slot_a);
                 }
                 oasr_wgmma_epilogue<BN, EC>(p, to, master, publish_columns(), scratch,
                                                  stage, row_base, col0, lane, slab_scale);

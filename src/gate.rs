@@ -18,10 +18,14 @@ use crate::models::{DecodeOptions, Task};
 use crate::numerics::OutDtype;
 use crate::quantizer::{Progress, Quantizer};
 use crate::recipe::Recipe;
-use crate::verify::{verify_many, VerifyOptions, VerifyReport};
+use crate::verify::{verify_many, VerifyDevice, VerifyOptions, VerifyReport};
 
 /// The default tolerance, in WER percentage points.
 pub const DEFAULT_TOLERANCE: f64 = 0.3;
+
+/// With `--device cuda`: how far the served (GPU) teacher-forced cosine mean may fall below the
+/// CPU reference's on the same checkpoint and set (the default of `gpu_cosine_tolerance`).
+pub const DEFAULT_GPU_COSINE_TOLERANCE: f64 = 0.0005;
 
 /// A gate file (`calib/gate.toml`), as written.
 #[derive(Clone, Debug, Deserialize)]
@@ -33,6 +37,8 @@ struct GateFile {
     sets: BTreeMap<String, SetFile>,
     #[serde(default = "default_tolerance")]
     tolerance: f64,
+    #[serde(default = "default_gpu_cosine_tolerance")]
+    gpu_cosine_tolerance: f64,
     profiles: BTreeMap<String, Profile>,
     #[serde(rename = "entry")]
     entries: Vec<GateEntry>,
@@ -46,6 +52,10 @@ struct SetFile {
 
 fn default_tolerance() -> f64 {
     DEFAULT_TOLERANCE
+}
+
+fn default_gpu_cosine_tolerance() -> f64 {
+    DEFAULT_GPU_COSINE_TOLERANCE
 }
 
 /// How much of the gate a run uses: the full gate, or a subset that fits a CI budget.
@@ -133,6 +143,9 @@ pub struct GateConfig {
     pub sets: Vec<GateSet>,
     /// WER percentage points a checkpoint may exceed its reference by.
     pub tolerance: f64,
+    /// With `--device cuda`: how far the GPU's teacher-forced cosine mean may fall below the CPU
+    /// reference's.
+    pub gpu_cosine_tolerance: f64,
     pub profiles: BTreeMap<String, Profile>,
     pub entries: Vec<GateEntry>,
     /// Each entry's model: the gate's, its own, or `None` when its own path is not configured.
@@ -156,6 +169,11 @@ impl GateConfig {
         if !(file.tolerance.is_finite() && file.tolerance >= 0.0) {
             return Err(bad(
                 "`tolerance` must be a non-negative number of WER points".into(),
+            ));
+        }
+        if !(file.gpu_cosine_tolerance.is_finite() && file.gpu_cosine_tolerance >= 0.0) {
+            return Err(bad(
+                "`gpu_cosine_tolerance` must be a non-negative cosine difference".into(),
             ));
         }
         if file.profiles.is_empty() {
@@ -242,6 +260,7 @@ impl GateConfig {
             calib_manifest: resolve("calib_manifest", &file.calib_manifest)?,
             sets,
             tolerance: file.tolerance,
+            gpu_cosine_tolerance: file.gpu_cosine_tolerance,
             profiles: file.profiles,
             entries: file.entries,
             entry_models,
@@ -291,6 +310,9 @@ pub struct GateOptions {
     /// Where the regenerated checkpoints are written (one directory per entry).
     pub work_dir: PathBuf,
     pub served: OutDtype,
+    /// Where the quantized GEMMs run. With [`VerifyDevice::Cuda`] every set is also verified on
+    /// the CPU reference lane, and each result compares the two ([`LaneComparison`]).
+    pub device: VerifyDevice,
 }
 
 /// A gate run's progress: entry `entry` is in `stage`, `done` of `total` units.
@@ -324,7 +346,43 @@ pub struct GateResult {
     pub quantize_seconds: f64,
     /// Why the entry fails on this set; empty when it passes.
     pub failures: Vec<String>,
+    /// The report of the run's device (the GPU's with `--device cuda`).
     pub verify: VerifyReport,
+    /// With `--device cuda`: the same checkpoint and set on the CPU reference lane.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cpu_reference: Option<LaneComparison>,
+}
+
+/// A GPU verify report next to the CPU reference's, for the same checkpoint and set.
+#[derive(Clone, Debug, Serialize)]
+pub struct LaneComparison {
+    /// The CPU reference's teacher-forced cosine mean and worst step.
+    pub cosine_mean: f64,
+    pub cosine_min: f64,
+    /// The CPU reference's quantized WER (percent).
+    pub wer_quantized: f64,
+    /// GPU minus CPU teacher-forced cosine mean.
+    pub cosine_mean_difference: f64,
+    /// Whether the two reports agree exactly: transcripts, WER and every logit figure.
+    pub identical: bool,
+}
+
+impl LaneComparison {
+    fn new(gpu: &VerifyReport, cpu: &VerifyReport) -> Self {
+        let same = |a: &VerifyReport, b: &VerifyReport| {
+            a.transcripts == b.transcripts
+                && a.wer_quantized == b.wer_quantized
+                && a.teacher_forced == b.teacher_forced
+                && a.free_running == b.free_running
+        };
+        LaneComparison {
+            cosine_mean: cpu.teacher_forced.cosine_mean,
+            cosine_min: cpu.teacher_forced.cosine_min,
+            wer_quantized: cpu.wer_quantized.unwrap_or(f64::NAN) * 100.0,
+            cosine_mean_difference: gpu.teacher_forced.cosine_mean - cpu.teacher_forced.cosine_mean,
+            identical: same(gpu, cpu),
+        }
+    }
 }
 
 impl GateResult {
@@ -393,6 +451,7 @@ pub fn run_gate(
             ));
         }
     }
+    crate::verify::check_device(options.device)?;
     let limit = profile.gate_utterances;
     let mut sets = Vec::new();
     for set in &config.sets {
@@ -465,36 +524,49 @@ pub fn run_gate(
         let dsts: Vec<&Path> = group.iter().map(|b| b.dst.as_path()).collect();
         for (set, manifest) in &sets {
             let stage = format!("verifying {}", set.name);
-            let verify_options = VerifyOptions {
-                limit,
-                served: options.served,
-                decode: group[0].entry.decode_options(),
-                ..VerifyOptions::default()
+            let verify_on = |device: VerifyDevice, stage: &str| {
+                let verify_options = VerifyOptions {
+                    limit,
+                    served: options.served,
+                    device,
+                    decode: group[0].entry.decode_options(),
+                    ..VerifyOptions::default()
+                };
+                verify_many(
+                    &dsts,
+                    &group[0].model,
+                    manifest,
+                    &verify_options,
+                    |done, total, _| {
+                        progress(&GateProgress {
+                            entry: &label,
+                            stage,
+                            done: done as u64,
+                            total: total as u64,
+                        })
+                    },
+                )
+                .map_err(|e| match e {
+                    Error::Checkpoint { path, error } => {
+                        match group.iter().find(|b| b.dst == path) {
+                            Some(b) => in_entry(b.entry, *error),
+                            None => Error::Checkpoint { path, error },
+                        }
+                    }
+                    e if group.len() == 1 => in_entry(group[0].entry, e),
+                    e => e,
+                })
             };
-            let reports = verify_many(
-                &dsts,
-                &group[0].model,
-                manifest,
-                &verify_options,
-                |done, total, _| {
-                    progress(&GateProgress {
-                        entry: &label,
-                        stage: &stage,
-                        done: done as u64,
-                        total: total as u64,
-                    })
-                },
-            )
-            .map_err(|e| match e {
-                Error::Checkpoint { path, error } => match group.iter().find(|b| b.dst == path) {
-                    Some(b) => in_entry(b.entry, *error),
-                    None => Error::Checkpoint { path, error },
-                },
-                e if group.len() == 1 => in_entry(group[0].entry, e),
-                e => e,
-            })?;
-            for (b, report) in group.iter().zip(reports) {
-                by_entry.entry(&b.entry.name).or_default().push(judge(
+            let reports = verify_on(options.device, &stage)?;
+            let cpu_reports = match options.device {
+                VerifyDevice::Cpu => None,
+                VerifyDevice::Cuda => Some(verify_on(
+                    VerifyDevice::Cpu,
+                    &format!("{stage} on the cpu"),
+                )?),
+            };
+            for (i, (b, report)) in group.iter().zip(reports).enumerate() {
+                let mut result = judge(
                     b.entry,
                     &set.name,
                     &options.profile,
@@ -502,7 +574,16 @@ pub fn run_gate(
                     b.dst.clone(),
                     b.quantize_seconds,
                     report,
-                ));
+                );
+                if let Some(cpu) = cpu_reports.as_ref().and_then(|r| r.get(i)) {
+                    let fp8 = crate::inspect::inspect(&b.dst)
+                        .map_err(|e| in_entry(b.entry, e))?
+                        .schemes
+                        .iter()
+                        .any(|s| s.starts_with("fp8"));
+                    judge_lanes(&mut result, cpu, fp8, config.gpu_cosine_tolerance);
+                }
+                by_entry.entry(&b.entry.name).or_default().push(result);
             }
         }
     }
@@ -674,7 +755,30 @@ fn judge(
         quantize_seconds,
         failures,
         verify: report,
+        cpu_reference: None,
     }
+}
+
+/// With `--device cuda`: an int8 checkpoint's GPU report must equal the CPU reference's (its
+/// GEMMs are exact on both), an fp8 one's teacher-forced cosine mean may fall at most
+/// `tolerance` below the CPU's (fp8 tensor cores accumulate in another order and precision).
+fn judge_lanes(result: &mut GateResult, cpu: &VerifyReport, fp8: bool, tolerance: f64) {
+    let lanes = LaneComparison::new(&result.verify, cpu);
+    if !fp8 && !lanes.identical {
+        result.failures.push(
+            "the GPU report differs from the CPU reference's (int8 must be bit-identical)".into(),
+        );
+    }
+    if below(lanes.cosine_mean_difference, -tolerance) {
+        result.failures.push(format!(
+            "GPU teacher-forced logit cosine {:.6} is {:.6} below the CPU reference's {:.6} \
+             (tolerance {tolerance})",
+            result.verify.teacher_forced.cosine_mean,
+            -lanes.cosine_mean_difference,
+            lanes.cosine_mean
+        ));
+    }
+    result.cpu_reference = Some(lanes);
 }
 
 /// A NaN is below every floor.

@@ -168,6 +168,11 @@ enum Command {
         /// The dtype the quantized GEMMs round to.
         #[arg(long, value_enum, default_value_t = ServedDtype::F16)]
         served_dtype: ServedDtype,
+        /// Where the quantized GEMMs run. cuda: the GPU lane, and every set is verified on the
+        /// CPU reference too: int8 must match it bit for bit, fp8 may fall at most the gate
+        /// file's `gpu_cosine_tolerance` (default 0.0005) below its teacher-forced cosine mean.
+        #[arg(long, value_enum, default_value_t = VerifyDevice::Cpu)]
+        device: VerifyDevice,
     },
     /// List the built-in recipes.
     Recipes {
@@ -338,6 +343,7 @@ fn main() -> ExitCode {
             keep,
             json,
             served_dtype,
+            device,
         }) => gate(GateArgs {
             config,
             profile,
@@ -346,6 +352,7 @@ fn main() -> ExitCode {
             keep,
             json,
             served: served_dtype.into(),
+            device: device.into(),
         }),
         #[cfg(feature = "cuda")]
         Some(Command::BenchGemm(args)) => {
@@ -804,10 +811,18 @@ struct GateArgs {
     keep: Option<PathBuf>,
     json: Option<PathBuf>,
     served: oasr_quantize::numerics::OutDtype,
+    device: oasr_quantize::verify::VerifyDevice,
 }
 
 fn gate(args: GateArgs) -> Result<()> {
     use oasr_quantize::gate::{self, GateConfig, GateOptions, GateProgress};
+    use oasr_quantize::verify::VerifyDevice;
+    if args.record && args.device != VerifyDevice::Cpu {
+        anyhow::bail!(
+            "--record with --device cuda: references are recorded from the CPU reference \
+             numerics; run `gate --record` without --device"
+        );
+    }
     let config = GateConfig::load(&args.config)?;
     let work_dir = args
         .keep
@@ -834,6 +849,7 @@ fn gate(args: GateArgs) -> Result<()> {
         only: args.only.clone(),
         work_dir: work_dir.clone(),
         served: args.served,
+        device: args.device,
     };
     let result = gate::run_gate(&config, &options, progress);
     bar.finish_and_clear();
@@ -885,6 +901,17 @@ fn gate(args: GateArgs) -> Result<()> {
             r.verify.free_running.top1_agreement * 100.0,
             if r.passed() { "pass" } else { "FAIL" }
         );
+        if let Some(cpu) = &r.cpu_reference {
+            println!(
+                "{:<24} cpu reference: cos mean {:.6} (min {:.6}), WER q {:.2}; gpu - cpu {:+.6}{}",
+                "",
+                cpu.cosine_mean,
+                cpu.cosine_min,
+                cpu.wer_quantized,
+                cpu.cosine_mean_difference,
+                if cpu.identical { ", identical" } else { "" }
+            );
+        }
         for f in &r.failures {
             println!("{:<24} {f}", "");
         }

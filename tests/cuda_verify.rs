@@ -263,3 +263,66 @@ fn fp8_fused_verify_on_cuda_is_finite_and_close_to_cpu() {
         cpu.teacher_forced
     );
 }
+
+/// `gate --device cuda`: every set verified on the GPU lane and on the CPU reference, each result
+/// carrying the comparison; int8 reports identical (no lane failure), fp8 within the gate's
+/// `gpu_cosine_tolerance` or failing by name.
+#[test]
+fn gate_on_cuda_compares_each_entry_with_the_cpu_reference() {
+    let test = "gate_on_cuda_compares_each_entry_with_the_cpu_reference";
+    let Some(lane) = owned_lane(test) else {
+        return;
+    };
+    let fp8 = lane.info().arch.supports_fp8();
+    drop(lane);
+    let tmp = tempfile::tempdir().unwrap();
+    let (calib, gate) = common::manifests();
+    let mut toml = format!(
+        "model = {:?}\ncalib_manifest = {:?}\n[sets.in_domain]\nmanifest = {:?}\n\
+         [profiles.tiny]\ngate_utterances = {UTTERANCES}\ncalib_utterances = {CALIB_UTTERANCES}\n\
+         [[entry]]\nname = \"int8_fused\"\nrecipe = \"smoothquant_w8a8_fused\"\n",
+        common::tiny_en(),
+        calib,
+        gate
+    );
+    if fp8 {
+        toml.push_str("[[entry]]\nname = \"fp8_rtn\"\nrecipe = \"fp8_w8a8_rtn\"\n");
+    }
+    let path = tmp.path().join("gate.toml");
+    std::fs::write(&path, toml).unwrap();
+    let config = oasr_quantize::gate::GateConfig::load(&path).unwrap();
+    let options = oasr_quantize::gate::GateOptions {
+        profile: "tiny".into(),
+        only: vec![],
+        work_dir: tmp.path().join("work"),
+        served: OutDtype::F16,
+        device: VerifyDevice::Cuda,
+    };
+    let report =
+        oasr_quantize::gate::run_gate(&config, &options, std::sync::Arc::new(|_: &_| {})).unwrap();
+    assert_eq!(report.results.len(), if fp8 { 2 } else { 1 });
+    for r in &report.results {
+        assert!(r.verify.device.starts_with("cuda ("), "{}", r.verify.device);
+        let cpu = r.cpu_reference.as_ref().expect("the CPU comparison");
+        visible(&format!(
+            "  gate {}: cuda cosine {:.6}, cpu {:.6} ({:+.6}), identical {}",
+            r.name,
+            r.verify.teacher_forced.cosine_mean,
+            cpu.cosine_mean,
+            cpu.cosine_mean_difference,
+            cpu.identical
+        ));
+        let lane_failure = r.failures.iter().any(|f| f.contains("CPU reference"));
+        if r.name == "int8_fused" {
+            assert!(cpu.identical && !lane_failure, "{:?}", r.failures);
+        } else {
+            assert!(cpu.cosine_mean_difference.is_finite());
+            assert_eq!(
+                lane_failure,
+                cpu.cosine_mean_difference < -config.gpu_cosine_tolerance,
+                "{:?}",
+                r.failures
+            );
+        }
+    }
+}

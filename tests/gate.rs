@@ -190,6 +190,40 @@ fn gate_refuses_bad_input_by_name() {
     let bad_baseline = gate_file(tmp.path(), "not_below = 'int8_rtn'\n");
     let (ok, _, err) = cli(&["gate", bad_baseline.to_str().unwrap(), "--profile", "tiny"]);
     assert!(!ok && err.contains("`not_below` names `int8_rtn`"), "{err}");
+
+    let (ok, _, err) = cli(&[
+        "gate",
+        g,
+        "--profile",
+        "tiny",
+        "--device",
+        "cuda",
+        "--record",
+    ]);
+    assert!(!ok && err.contains("--record with --device cuda"), "{err}");
+    // Without the cuda feature the GPU gate is refused before anything is quantized.
+    #[cfg(not(feature = "cuda"))]
+    {
+        let work = tmp.path().join("work");
+        let args = ["--profile", "tiny", "--device", "cuda", "--keep"];
+        let (ok, _, err) = cli(&[&["gate", g][..], &args[..], &[work.to_str().unwrap()]].concat());
+        assert!(
+            !ok && err.contains("built without the `cuda` feature") && !work.exists(),
+            "{err}"
+        );
+    }
+    let tolerance = gate_file(tmp.path(), "").to_str().unwrap().to_string();
+    let text = std::fs::read_to_string(&tolerance).unwrap();
+    std::fs::write(
+        &tolerance,
+        text.replace(
+            "tolerance = 0.3",
+            "tolerance = 0.3\ngpu_cosine_tolerance = -1",
+        ),
+    )
+    .unwrap();
+    let (ok, _, err) = cli(&["gate", &tolerance, "--profile", "tiny"]);
+    assert!(!ok && err.contains("`gpu_cosine_tolerance`"), "{err}");
 }
 
 #[test]
@@ -226,6 +260,7 @@ fn an_entry_with_its_own_model_runs_when_configured_and_is_skipped_visibly_when_
         only: vec!["conformer_rtn".into()],
         work_dir: tmp.path().join("work"),
         served: oasr_quantize::numerics::OutDtype::F16,
+        device: oasr_quantize::verify::VerifyDevice::Cpu,
     };
     let report =
         oasr_quantize::gate::run_gate(&config, &options, std::sync::Arc::new(|_: &_| {})).unwrap();

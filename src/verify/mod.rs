@@ -302,6 +302,18 @@ fn no_cuda() -> Error {
     }
 }
 
+/// Fails unless `device` can run here: a build without the `cuda` feature, or no usable GPU,
+/// refuses [`VerifyDevice::Cuda`] ([`Error::Cuda`]), before any other work.
+pub fn check_device(device: VerifyDevice) -> Result<()> {
+    match device {
+        VerifyDevice::Cpu => Ok(()),
+        #[cfg(feature = "cuda")]
+        VerifyDevice::Cuda => crate::runtime::CudaLane::new().map(drop),
+        #[cfg(not(feature = "cuda"))]
+        VerifyDevice::Cuda => Err(no_cuda()),
+    }
+}
+
 /// The lane a verify run's quantized model uses, opened.
 enum Lane {
     Cpu,
@@ -376,7 +388,7 @@ impl LinearExec for Exec<'_> {
 }
 
 /// Logit agreement over decoding steps.
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct Agreement {
     pub steps: usize,
     pub cosine_mean: f64,
@@ -665,7 +677,7 @@ pub fn source_name(u: &Utterance) -> &str {
 }
 
 /// One utterance of a verify run.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct VerifiedUtterance {
     pub id: String,
     pub reference_text: Option<String>,
