@@ -2,7 +2,9 @@
 //! [`LinearExec`] decides how a [`Linear`] is computed (full precision, observed by calibration,
 //! or with the quantized numerics of a verify run), so the rest of a forward never changes.
 
-use candle_core::{Device, Tensor};
+use candle_core::{CpuStorage, DType, Device, Storage, Tensor};
+
+use super::gemv;
 
 use crate::error::{Error, Result};
 use crate::numerics::Activation;
@@ -32,9 +34,14 @@ pub struct Linear {
 /// added in order: the figures of a gate are then the same on every x86-64 machine.
 pub(crate) const GEMM_DEPTH: usize = 512;
 
-/// `x · w_t` for `x` `[rows, k]` and `w_t` `[k, n]`, K summed in chunks of [`GEMM_DEPTH`].
+/// `x · w_t` for `x` `[rows, k]` and `w_t` `[k, n]`, K summed in chunks of [`GEMM_DEPTH`]; up to
+/// [`gemv::MAX_ROWS`] rows with a weight stored as `[n, k]` (`w_t` its transposed view), in the
+/// fixed order of [`gemv`] instead.
 pub(crate) fn matmul(x: &Tensor, w_t: &Tensor, what: &str) -> Result<Tensor> {
     let k = w_t.dim(0).map_err(ce(what))?;
+    if let Some(y) = few_rows(x, w_t, what)? {
+        return Ok(y);
+    }
     let chunk = |k0: usize| {
         let depth = GEMM_DEPTH.min(k - k0);
         x.narrow(candle_core::D::Minus1, k0, depth)?
@@ -48,6 +55,36 @@ pub(crate) fn matmul(x: &Tensor, w_t: &Tensor, what: &str) -> Result<Tensor> {
         y = chunk(k0).and_then(|part| y + part).map_err(ce(what))?;
     }
     Ok(y)
+}
+
+/// [`gemv::product`] when `x` has at most [`gemv::MAX_ROWS`] rows of f32 and `w_t` is the
+/// transposed view of a contiguous f32 `[n, k]` weight on the CPU; `None` otherwise.
+fn few_rows(x: &Tensor, w_t: &Tensor, what: &str) -> Result<Option<Tensor>> {
+    let (Ok((k, n)), Ok(w)) = (w_t.dims2(), w_t.t()) else {
+        return Ok(None);
+    };
+    let rows = x.elem_count() / k.max(1);
+    if rows == 0 || rows > gemv::MAX_ROWS || x.dim(candle_core::D::Minus1).ok() != Some(k) {
+        return Ok(None);
+    }
+    let (storage, layout) = w.storage_and_layout();
+    let (Storage::Cpu(CpuStorage::F32(data)), Some((start, end))) =
+        (&*storage, layout.contiguous_offsets())
+    else {
+        return Ok(None);
+    };
+    if x.dtype() != DType::F32 {
+        return Ok(None);
+    }
+    let xs = to_vec(x, what)?;
+    let y = gemv::product(&xs, rows, k, &data[start..end], n);
+    let mut dims = x.dims().to_vec();
+    if let Some(last) = dims.last_mut() {
+        *last = n;
+    }
+    Tensor::from_vec(y, dims, &Device::Cpu)
+        .map(Some)
+        .map_err(ce(what))
 }
 
 impl Linear {

@@ -3,6 +3,7 @@
 
 pub mod conformer;
 pub mod exec;
+mod gemv;
 pub mod registry;
 pub mod speech;
 pub mod whisper;

@@ -14,6 +14,7 @@ use super::WhisperConfig;
 use crate::checkpoint::Checkpoint;
 use crate::error::{Error, Result};
 use crate::models::exec::{activate, ce, matmul, to_vec, Linear, LinearExec, GEMM_DEPTH};
+use crate::models::gemv;
 use crate::numerics::Activation;
 
 /// LayerNorm epsilon of Whisper.
@@ -118,6 +119,9 @@ fn attention_core(
                     buffer.resize(t * s, 0.0);
                 }
                 let scores = &mut buffer[..t * s];
+                if t <= gemv::MAX_ROWS {
+                    return few_queries(q, k, v, d, h * dh, dh, causal_start, scale, scores);
+                }
                 // SAFETY: q_h is [t, dh] at offset h·dh with row stride d; k_hᵀ is [dh, s] with
                 // element (c, j) at j·d + h·dh + c; scores is [t, s] row-major. All in bounds.
                 unsafe {
@@ -172,6 +176,39 @@ fn attention_core(
         }
     }
     merged
+}
+
+/// One head of [`attention_core`] for a few queries (a decoding step), without gemm's packing of
+/// the keys and values on every call: each score a [`gemv::dot`], each output a
+/// [`gemv::weighted_rows`] (the head's columns `off..off + dh`).
+#[allow(clippy::too_many_arguments)]
+fn few_queries(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    d: usize,
+    off: usize,
+    dh: usize,
+    causal_start: Option<usize>,
+    scale: f32,
+    scores: &mut [f32],
+) -> Vec<f32> {
+    let s = k.len() / d;
+    let mut out = vec![0f32; q.len() / d * dh];
+    for (i, (row, o)) in scores
+        .chunks_exact_mut(s)
+        .zip(out.chunks_exact_mut(dh))
+        .enumerate()
+    {
+        let qi = &q[i * d + off..i * d + off + dh];
+        let visible = causal_start.map_or(s, |start| (start + i + 1).min(s));
+        for (j, score) in row[..visible].iter_mut().enumerate() {
+            *score = scale * gemv::dot(qi, &k[j * d + off..j * d + off + dh]);
+        }
+        crate::numerics::softmax_in_place(&mut row[..visible]);
+        gemv::weighted_rows(&row[..visible], &v[off..], d, o);
+    }
+    out
 }
 
 /// Keys and values of one attention, `[S, D]` row-major.
