@@ -10,6 +10,7 @@
 #   benches/family-device-run.sh scale SIZE...      # $OUT/scale.tsv: RTN, calibration, verify
 #   RTN_ONLY=1 benches/family-device-run.sh scale SIZE...   # the disk and RTN only
 #   THREADS=2 benches/family-device-run.sh calib SIZE...   # calibration on 2 cores only
+#   (CALIB_UTTS=N at --stage: calibrate on the first N utterances instead of 2)
 # Every checkpoint is seeded random weights (examples/whisper_family.rs): cost, not accuracy.
 set -euo pipefail
 
@@ -43,10 +44,10 @@ with open(os.path.join(stage, "fixture-audio.txt"), "w") as f:
     for uid in wanted:
         shutil.copy(found[uid], os.path.join(stage, "audio", uid + ".wav"))
         f.write(f"{uid}=audio/{uid}.wav\n")
-# Calibration: the first two utterances of the default calibration manifest.
+# Calibration: the first CALIB_UTTS (default 2) utterances of the default calibration manifest.
 with open(os.path.join(stage, "calib.jsonl"), "w") as f:
     for i, (u, path) in enumerate(rows(os.path.join(cache, "asterisk/calib.jsonl"))):
-        if i == 2:
+        if i == int(os.environ.get("CALIB_UTTS", "2")):
             break
         shutil.copy(path, os.path.join(stage, "audio", os.path.basename(path)))
         u["audio"] = "audio/" + os.path.basename(path)
@@ -111,12 +112,13 @@ scale)
 calib)
     shift
     threads=${THREADS:-2}
+    utts=$(grep -c . "$STAGE/calib.jsonl")
     nproc | sed 's/^/cores\t/' | tee -a "$OUT/scale.tsv"
     for size in "$@"; do
         src=$(source_of "$size")
-        timed "$size-calib-smoothquant-2utt-$threads-threads" \
+        timed "$size-calib-smoothquant-${utts}utt-$threads-threads" \
             env RAYON_NUM_THREADS="$threads" taskset -c "0-$((threads - 1))" "$Q" "$src" "$W/$size-sq" --recipe smoothquant_w8a8 \
-            --calib-manifest "$STAGE/calib.jsonl" --calib-utterances 2 --overwrite
+            --calib-manifest "$STAGE/calib.jsonl" --calib-utterances "$utts" --overwrite
         rm -rf "$W/$size-sq"
     done
     ;;

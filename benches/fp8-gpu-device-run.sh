@@ -16,15 +16,17 @@
 set -uo pipefail
 
 ACC=/root/acc
-B=$ACC/oasr-quantize
+B=${OASR_BIN:-$ACC/oasr-quantize}
 OUT=${OUT:-./out}
 mkdir -p "$OUT"
 # shellcheck source=benches/device-libs.sh
 source "$(dirname "$0")/device-libs.sh"
-set -a
-# shellcheck disable=SC1091
-source "$ACC/assets.env"
-set +a
+if [[ -f $ACC/assets.env ]]; then # the speed runs need no assets
+    set -a
+    # shellcheck disable=SC1091
+    source "$ACC/assets.env"
+    set +a
+fi
 export OASR_REQUIRE_GPU=1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.draw --format=csv
 echo "$(nproc) cores"

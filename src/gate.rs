@@ -369,18 +369,15 @@ pub struct LaneComparison {
 
 impl LaneComparison {
     fn new(gpu: &VerifyReport, cpu: &VerifyReport) -> Self {
-        let same = |a: &VerifyReport, b: &VerifyReport| {
-            a.transcripts == b.transcripts
-                && a.wer_quantized == b.wer_quantized
-                && a.teacher_forced == b.teacher_forced
-                && a.free_running == b.free_running
-        };
         LaneComparison {
             cosine_mean: cpu.teacher_forced.cosine_mean,
             cosine_min: cpu.teacher_forced.cosine_min,
             wer_quantized: cpu.wer_quantized.unwrap_or(f64::NAN) * 100.0,
             cosine_mean_difference: gpu.teacher_forced.cosine_mean - cpu.teacher_forced.cosine_mean,
-            identical: same(gpu, cpu),
+            identical: gpu.transcripts == cpu.transcripts
+                && gpu.wer_quantized == cpu.wer_quantized
+                && gpu.teacher_forced == cpu.teacher_forced
+                && gpu.free_running == cpu.free_running,
         }
     }
 }
