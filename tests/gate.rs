@@ -191,6 +191,10 @@ fn gate_refuses_bad_input_by_name() {
     let (ok, _, err) = cli(&["gate", bad_baseline.to_str().unwrap(), "--profile", "tiny"]);
     assert!(!ok && err.contains("`not_below` names `int8_rtn`"), "{err}");
 
+    // gate_file rewrote `g`: a valid gate file of its own for the GPU options.
+    let valid = tempfile::tempdir().unwrap();
+    let valid = gate_file(valid.path(), "");
+    let g = valid.to_str().unwrap();
     let (ok, _, err) = cli(&[
         "gate",
         g,

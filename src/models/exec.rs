@@ -147,10 +147,11 @@ pub(crate) fn activate(x: Tensor, activation: Activation, what: &str) -> Result<
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn values(n: usize, seed: u64) -> Vec<f32> {
+    /// Seeded values in [-0.5, 0.5).
+    pub(crate) fn values(n: usize, seed: u64) -> Vec<f32> {
         let mut s = seed;
         (0..n)
             .map(|_| {

@@ -191,18 +191,7 @@ unsafe fn weighted_rows_avx2(p: &[f32], v: &[f32], stride: usize, out: &mut [f32
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn values(n: usize, seed: u64) -> Vec<f32> {
-        let mut s = seed;
-        (0..n)
-            .map(|_| {
-                s = s
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                ((s >> 40) as f32 / (1u64 << 24) as f32) - 0.5
-            })
-            .collect()
-    }
+    use crate::models::exec::tests::values;
 
     /// Both paths give the same bits, at every depth around the lane count and with ragged ends.
     #[test]
