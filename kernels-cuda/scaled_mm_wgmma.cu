@@ -839,14 +839,13 @@ __device__ __forceinline__ void oasr_wgmma_gemm(const GemmParams& p, const OasrT
                         next_stage();
                     }
                 } else {
-                    oasr_mbar_wait(bars + 8 * s, phase);
-                    issue(ta, 0);
-                    int slot_a = next_stage();
+                    // One unit a stage: the stage's slot is released after its promotion.
                     auto issue_stage = [&](float (&t)[R]) {
                         oasr_mbar_wait(bars + 8 * s, phase);
                         issue(t, 0);
                         return next_stage();
                     };
+                    int slot_a = issue_stage(ta);
                     if constexpr (FP8_TWO_TEMPS) {
                         float tb[R] = {};
                         int kt = 1;

@@ -15,7 +15,7 @@ use crate::error::{Error, Result};
 use crate::format::ModuleKind;
 use crate::manifest::Manifest;
 use crate::models::{DecodeOptions, Task};
-use crate::numerics::OutDtype;
+use crate::numerics::{OutDtype, QuantDtype};
 use crate::quantizer::{Progress, Quantizer};
 use crate::recipe::Recipe;
 use crate::verify::{verify_many, VerifyDevice, VerifyOptions, VerifyReport};
@@ -496,6 +496,11 @@ pub fn run_gate(
             .map_err(|e| in_entry(entry, e))?;
         built.push(Built {
             entry,
+            fp8: Recipe::load(&entry.recipe)
+                .map_err(|e| in_entry(entry, e))?
+                .scheme
+                .dtype()
+                == QuantDtype::Float8E4m3fn,
             model,
             dst,
             quantize_seconds: started.elapsed().as_secs_f64(),
@@ -573,12 +578,7 @@ pub fn run_gate(
                     report,
                 );
                 if let Some(cpu) = cpu_reports.as_ref().and_then(|r| r.get(i)) {
-                    let fp8 = crate::inspect::inspect(&b.dst)
-                        .map_err(|e| in_entry(b.entry, e))?
-                        .schemes
-                        .iter()
-                        .any(|s| s.starts_with("fp8"));
-                    judge_lanes(&mut result, cpu, fp8, config.gpu_cosine_tolerance);
+                    judge_lanes(&mut result, cpu, b.fp8, config.gpu_cosine_tolerance);
                 }
                 by_entry.entry(&b.entry.name).or_default().push(result);
             }
@@ -603,6 +603,8 @@ pub fn run_gate(
 /// An entry's regenerated checkpoint.
 struct Built<'a> {
     entry: &'a GateEntry,
+    /// Whether its recipe's scheme is fp8 (judged against the CPU within a tolerance on the GPU).
+    fp8: bool,
     model: PathBuf,
     dst: PathBuf,
     quantize_seconds: f64,

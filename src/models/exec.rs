@@ -60,7 +60,7 @@ pub(crate) fn matmul(x: &Tensor, w_t: &Tensor, what: &str) -> Result<Tensor> {
 /// [`gemv::product`] when `x` has at most [`gemv::MAX_ROWS`] rows of f32 and `w_t` is the
 /// transposed view of a contiguous f32 `[n, k]` weight on the CPU; `None` otherwise.
 fn few_rows(x: &Tensor, w_t: &Tensor, what: &str) -> Result<Option<Tensor>> {
-    let (Ok((k, n)), Ok(w)) = (w_t.dims2(), w_t.t()) else {
+    let (Ok((k, n)), Ok(w), DType::F32) = (w_t.dims2(), w_t.t(), x.dtype()) else {
         return Ok(None);
     };
     let rows = x.elem_count() / k.max(1);
@@ -73,9 +73,6 @@ fn few_rows(x: &Tensor, w_t: &Tensor, what: &str) -> Result<Option<Tensor>> {
     else {
         return Ok(None);
     };
-    if x.dtype() != DType::F32 {
-        return Ok(None);
-    }
     let xs = to_vec(x, what)?;
     let y = gemv::product(&xs, rows, k, &data[start..end], n);
     let mut dims = x.dims().to_vec();

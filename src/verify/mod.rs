@@ -939,10 +939,9 @@ pub fn verify_many(
         ref decode,
     } = *options;
     crate::transcribe::check_limit(limit)?;
+    // Without CUDA, refused before the models load (with it, opening the lanes checks the GPU).
     #[cfg(not(feature = "cuda"))]
-    if device == VerifyDevice::Cuda {
-        return Err(no_cuda());
-    }
+    check_device(device)?;
     let named = |i: usize, e: Error| match quantized.len() {
         1 => e,
         _ => Error::Checkpoint {
