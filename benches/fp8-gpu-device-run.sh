@@ -9,6 +9,7 @@
 #   benches/fp8-gpu-device-run.sh gate [PROFILE]       # there: the gate on the GPU (default ci)
 #   benches/fp8-gpu-device-run.sh variants [PROFILE]   # there, while warm: the other schemes
 #   benches/fp8-gpu-device-run.sh speed                # there: bench-gemm per scheme
+#   GATE=benches/fp8-gpu.toml benches/fp8-gpu-device-run.sh gate cross_domain   # every utterance
 #
 # The schemes: wgmma promoting every 128 K elements into the f32 master accumulator (the
 # default), every 64 or 32 (OASR_NVRTC_OPTIONS=-DOASR_WGMMA_FP8_PROMOTE=N), and the mma.sync
@@ -31,7 +32,9 @@ export OASR_REQUIRE_GPU=1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.draw --format=csv
 echo "$(nproc) cores"
 
-ENTRIES=(fp8_rtn smoothquant_fp8 fused_fp8 portable_fp8)
+# GATE and ENTRIES choose the gate file and its entries (the full sets: benches/fp8-gpu.toml)
+GATE=${GATE:-calib/gate.toml}
+read -r -a ENTRIES <<< "${ENTRIES:-fp8_rtn smoothquant_fp8 fused_fp8 portable_fp8}"
 # name and environment of each GPU scheme besides the default
 VARIANTS=("p64 OASR_NVRTC_OPTIONS=-DOASR_WGMMA_FP8_PROMOTE=64"
           "p32 OASR_NVRTC_OPTIONS=-DOASR_WGMMA_FP8_PROMOTE=32"
@@ -48,7 +51,7 @@ gate)
     mkdir -p "$OUT/r"
     only=()
     for e in "${ENTRIES[@]}"; do only+=(--only "$e"); done
-    "$B" gate calib/gate.toml --profile "$profile" "${only[@]}" --device cuda --keep "$work" \
+    "$B" gate "$GATE" --profile "$profile" "${only[@]}" --device cuda --keep "$work" \
         --json "$OUT/r/gate-p128.json" 2>&1 | grep -v '^ *\[' | tee "$OUT/r/gate-p128.log"
     cp "$OUT/r/gate-p128.json" /tmp/gate-p128.json
     tar -C "$OUT" -czf "$OUT/fp8-gate.tgz" r && rm -rf "$OUT/r"
