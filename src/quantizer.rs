@@ -27,6 +27,7 @@ use crate::models::{DecodeOptions, QuantizableLayer, QuantizationLayout, SpeechM
 use crate::recipe::{AlgorithmStep, Recipe};
 use crate::report::{LayerReport, QuantizationReport};
 use crate::selection;
+use rayon::prelude::*;
 
 /// A step of a run, for progress display.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -1095,28 +1096,36 @@ fn write_config_and_tokenizer(
     checkpoint::write_json(&dir.join(CONFIG_FILE), &config)
 }
 
-/// sha256 of every source file, keyed by its path relative to the source directory.
+/// sha256 of every source file, keyed by its path relative to the source directory; the files
+/// in parallel (a sharded source's shards at once).
 fn hash_files(
     source: &Checkpoint,
     progress: &mut Option<ProgressFn>,
 ) -> Result<BTreeMap<String, String>> {
-    let mut out = BTreeMap::new();
     let total = source.files_read.len() as u64;
-    for (i, path) in source.files_read.iter().enumerate() {
-        let name = path
-            .strip_prefix(&source.dir)
-            .unwrap_or(path)
-            .to_string_lossy()
-            .into_owned();
-        if let Some(f) = progress.as_mut() {
-            f(&Progress {
-                stage: Stage::Hashing,
-                done: i as u64,
-                total,
-                item: &name,
-            });
-        }
-        out.insert(name, crate::hashing::sha256_file(path)?);
-    }
-    Ok(out)
+    let done = Mutex::new((0u64, progress));
+    source
+        .files_read
+        .par_iter()
+        .map(|path| {
+            let name = path
+                .strip_prefix(&source.dir)
+                .unwrap_or(path)
+                .to_string_lossy()
+                .into_owned();
+            let hash = crate::hashing::sha256_file(path)?;
+            let mut guard = done.lock().unwrap_or_else(|p| p.into_inner());
+            let (n, progress) = &mut *guard;
+            *n += 1;
+            if let Some(f) = progress.as_mut() {
+                f(&Progress {
+                    stage: Stage::Hashing,
+                    done: *n,
+                    total,
+                    item: &name,
+                });
+            }
+            Ok((name, hash))
+        })
+        .collect()
 }

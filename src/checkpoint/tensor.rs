@@ -3,8 +3,10 @@
 
 use std::sync::Arc;
 
+use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
 use memmap2::Mmap;
+use rayon::prelude::*;
 
 /// Element types that appear in the checkpoints we read and write.
 ///
@@ -177,14 +179,8 @@ impl Tensor {
                 .chunks_exact(4)
                 .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
                 .collect(),
-            DType::F16 => b
-                .chunks_exact(2)
-                .map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32())
-                .collect(),
-            DType::BF16 => b
-                .chunks_exact(2)
-                .map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f32())
-                .collect(),
+            DType::F16 => halves_to_f32(b, f16::from_le_bytes),
+            DType::BF16 => halves_to_f32(b, bf16::from_le_bytes),
             DType::F64 => self.to_f64_values().into_iter().map(|v| v as f32).collect(),
             other => panic!("to_f32 on a {other} tensor"),
         }
@@ -251,4 +247,27 @@ impl Tensor {
             _ => self.bytes().iter().all(|b| *b == 0),
         }
     }
+}
+
+/// Little-endian 16-bit floats to f32 (exact), in parallel blocks through `half`'s slice
+/// conversion (F16C where the CPU has it): a value at a time, with its feature check and call,
+/// was a fifth of quantizing a large fp16 checkpoint. The bytes need not be aligned.
+fn halves_to_f32<H>(bytes: &[u8], from_le: fn([u8; 2]) -> H) -> Vec<f32>
+where
+    H: Copy + Default + Send + Sync,
+    [H]: HalfFloatSliceExt,
+{
+    const BLOCK: usize = 4096;
+    let mut out = vec![0f32; bytes.len() / 2];
+    out.par_chunks_mut(BLOCK)
+        .zip(bytes.par_chunks(2 * BLOCK))
+        .for_each(|(out, bytes)| {
+            let mut halves = [H::default(); BLOCK];
+            let halves = &mut halves[..out.len()];
+            for (h, c) in halves.iter_mut().zip(bytes.chunks_exact(2)) {
+                *h = from_le([c[0], c[1]]);
+            }
+            halves.convert_to_f32_slice(out);
+        });
+    out
 }

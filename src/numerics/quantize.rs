@@ -57,10 +57,15 @@ pub const AMAX_FLOOR: f32 = 1e-8;
 #[inline]
 pub fn encode(dtype: QuantDtype, v: f32) -> u8 {
     match dtype {
-        QuantDtype::Int8 if v.is_nan() => 0,
-        QuantDtype::Int8 => round_half_even(v).clamp(-127.0, 127.0) as i8 as u8,
+        QuantDtype::Int8 => encode_int8(v),
         QuantDtype::Float8E4m3fn => e4m3_encode(v),
     }
+}
+
+/// [`encode`] for int8: NaN gives 0 (`clamp` keeps NaN, and the float-to-int cast maps it to 0).
+#[inline]
+fn encode_int8(v: f32) -> u8 {
+    round_half_even(v).clamp(-127.0, 127.0) as i32 as i8 as u8
 }
 
 /// Decode one code to f32 (exact). int8 `0x80` decodes to -128 although it is never written.
@@ -122,16 +127,54 @@ fn quantize_row(x: &[f32], smooth_inv: Option<&[f32]>, dtype: QuantDtype, codes:
     let smoothed = |j: usize, v: f32| smooth_inv.map_or(v, |s| v * s[j]);
     // max is exact and order independent, so any reduction tree (the GPU's) gives this value.
     // f32::max ignores NaN, like CUDA's fmaxf.
-    let amax = x
-        .iter()
-        .enumerate()
-        .fold(AMAX_FLOOR, |m, (j, &v)| m.max(smoothed(j, v).abs()));
+    let amax = match smooth_inv {
+        None => abs_max(x),
+        Some(_) => x
+            .iter()
+            .enumerate()
+            .fold(AMAX_FLOOR, |m, (j, &v)| m.max(smoothed(j, v).abs())),
+    };
     let q = dtype.qmax();
     let mult = q / amax;
-    for (j, (c, &v)) in codes.iter_mut().zip(x).enumerate() {
-        *c = encode(dtype, smoothed(j, v) * mult);
+    // The same `encode(dtype, smoothed(j, v) * mult)` per element, with the dtype and the
+    // smoother chosen once per row so that the loops vectorize.
+    fn encode_all(
+        codes: &mut [u8],
+        x: &[f32],
+        s: Option<&[f32]>,
+        mult: f32,
+        e: impl Fn(f32) -> u8,
+    ) {
+        match s {
+            None => codes.iter_mut().zip(x).for_each(|(c, &v)| *c = e(v * mult)),
+            Some(s) => codes
+                .iter_mut()
+                .zip(x.iter().zip(s))
+                .for_each(|(c, (&v, &s))| *c = e(v * s * mult)),
+        }
+    }
+    match dtype {
+        QuantDtype::Int8 => encode_all(codes, x, smooth_inv, mult, encode_int8),
+        QuantDtype::Float8E4m3fn => encode_all(codes, x, smooth_inv, mult, e4m3_encode),
     }
     amax / q
+}
+
+/// `max(max_j |x_j|, AMAX_FLOOR)`, NaN ignored, over 8 lanes (max is exact and order
+/// independent, so the lanes give the value of one sequential fold).
+fn abs_max(x: &[f32]) -> f32 {
+    const LANES: usize = 8;
+    let mut m = [AMAX_FLOOR; LANES];
+    let chunks = x.chunks_exact(LANES);
+    for (lane, &v) in chunks.remainder().iter().enumerate() {
+        m[lane] = m[lane].max(v.abs());
+    }
+    for c in chunks {
+        for lane in 0..LANES {
+            m[lane] = m[lane].max(c[lane].abs());
+        }
+    }
+    m.iter().fold(AMAX_FLOOR, |a, &b| a.max(b))
 }
 
 /// Per-token (dynamic) quantization of `x` `[rows, cols]`, one scale per row.

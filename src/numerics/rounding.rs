@@ -7,9 +7,21 @@ use serde::{Deserialize, Serialize};
 /// Round to the nearest integer, ties to even (`rintf` / `__float2int_rn` on the GPU).
 ///
 /// NaN stays NaN and ±inf stay ±inf; the sign of zero is kept (`-0.4` gives `-0.0`).
+///
+/// Computed as `(|x| + 2^23) - 2^23` with the sign put back: below 2^23 the sum's ulp is 1, so the
+/// addition itself rounds to the nearest integer, ties to even (IEEE default rounding), and every
+/// f32 from 2^23 up is already an integer. The same result as `f32::round_ties_even`, but a
+/// select that vectorizes, where `round_ties_even` is a call to libm's `rintf` on baseline x86-64
+/// (no SSE4.1 `roundps`): quantizing a large checkpoint spent 11 % of its time in that call.
 #[inline]
 pub fn round_half_even(x: f32) -> f32 {
-    x.round_ties_even()
+    const TWO_23: f32 = 8_388_608.0;
+    let a = x.abs();
+    if a < TWO_23 {
+        ((a + TWO_23) - TWO_23).copysign(x)
+    } else {
+        x // an integer already, ±inf or NaN
+    }
 }
 
 /// The 16-bit float dtype a GEMM writes (the served activation dtype).
@@ -87,6 +99,45 @@ mod tests {
             assert_eq!(round_half_even(x), want, "{x}");
         }
         assert_eq!(round_half_even(-0.4).to_bits(), (-0.0f32).to_bits());
+    }
+
+    /// The select equals `f32::round_ties_even` bit for bit: every 61st f32 bit pattern (all
+    /// signs, exponents and NaN payloads), every half-integer around 2^22 and 2^23, and the
+    /// specials.
+    #[test]
+    fn equals_round_ties_even_bit_for_bit() {
+        let same = |x: f32| {
+            let (got, want) = (round_half_even(x), x.round_ties_even());
+            assert!(
+                got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()),
+                "{x:e} ({:#010x}): {got:e} against {want:e}",
+                x.to_bits()
+            );
+        };
+        (0..=u32::MAX)
+            .step_by(61)
+            .for_each(|b| same(f32::from_bits(b)));
+        for edge in [4_194_304.0f32, 8_388_608.0] {
+            for i in -64..=64 {
+                let x = edge + i as f32 * 0.5;
+                same(x);
+                same(-x);
+                same(f32::from_bits(x.to_bits() + 1));
+                same(f32::from_bits(x.to_bits() - 1));
+            }
+        }
+        for x in [
+            0.0,
+            -0.0,
+            f32::MIN_POSITIVE,
+            f32::MAX,
+            f32::INFINITY,
+            f32::NAN,
+            0.49999997,
+        ] {
+            same(x);
+            same(-x);
+        }
     }
 
     #[test]
