@@ -25,7 +25,7 @@ const INT8_RTN: &[(&str, &str)] = &[
     ),
     (
         "quantization_report.json",
-        "8d79169b6e969fabef68ca86c1e37d476c46732d05cb3e47d6e5497849157437",
+        "8ba8a51367947fc6f7013e8c8fceb006b03aadc4010785c4580d73e4ddd9b414",
     ),
 ];
 const FP8_RTN: &[(&str, &str)] = &[
@@ -39,7 +39,7 @@ const FP8_RTN: &[(&str, &str)] = &[
     ),
     (
         "quantization_report.json",
-        "79cc9d04cc3247d0128501915fcc58d96ca613f8f9e468913cb3de9060bb833f",
+        "d46343317a9798190337f011f43a15a09434637997168d75d5fbd072a0f02dc1",
     ),
 ];
 const NATIVE_V1: &[(&str, &str)] = &[
