@@ -386,8 +386,13 @@ fn progress_bar(hidden: bool) -> impl FnMut(&Progress) + Send + 'static {
     move |p: &Progress| {
         if stage != Some(p.stage) {
             stage = Some(p.stage);
+            // Every stage shows an ETA (hashing a multi-gigabyte source and writing hundreds of
+            // layers take seconds); utterances also show their rate.
             let (prefix, template) = match p.stage {
-                Stage::Hashing => ("hashing", "{prefix:>12} [{bar:30}] {pos}/{len} {wide_msg}"),
+                Stage::Hashing => (
+                    "hashing",
+                    "{prefix:>12} [{bar:30}] {pos}/{len} ETA {eta} {wide_msg}",
+                ),
                 Stage::Calibrating => (
                     "calibrating",
                     "{prefix:>12} [{bar:30}] {pos}/{len} {per_sec} ETA {eta} {wide_msg}",
@@ -396,7 +401,10 @@ fn progress_bar(hidden: bool) -> impl FnMut(&Progress) + Send + 'static {
                     "static calib",
                     "{prefix:>12} [{bar:30}] {pos}/{len} {per_sec} ETA {eta} {wide_msg}",
                 ),
-                Stage::Writing => ("writing", "{prefix:>12} [{bar:30}] {pos}/{len} {wide_msg}"),
+                Stage::Writing => (
+                    "writing",
+                    "{prefix:>12} [{bar:30}] {pos}/{len} ETA {eta} {wide_msg}",
+                ),
             };
             bar.set_style(
                 ProgressStyle::with_template(template)

@@ -1103,6 +1103,15 @@ fn hash_files(
     progress: &mut Option<ProgressFn>,
 ) -> Result<BTreeMap<String, String>> {
     let total = source.files_read.len() as u64;
+    if let Some(f) = progress.as_mut() {
+        // The bar shows from the start, before the first file (of a single-file source) is done.
+        f(&Progress {
+            stage: Stage::Hashing,
+            done: 0,
+            total,
+            item: "",
+        });
+    }
     let done = Mutex::new((0u64, progress));
     source
         .files_read
