@@ -5,6 +5,8 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
+use rayon::prelude::*;
+
 use crate::algorithms::static_inputs::{self, StaticInput, StaticInputOptions};
 use crate::algorithms::{self, rtn, smoothquant, WorkingTensors};
 use crate::calibration::{
@@ -27,7 +29,6 @@ use crate::models::{DecodeOptions, QuantizableLayer, QuantizationLayout, SpeechM
 use crate::recipe::{AlgorithmStep, Recipe};
 use crate::report::{LayerReport, QuantizationReport};
 use crate::selection;
-use rayon::prelude::*;
 
 /// A step of a run, for progress display.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
