@@ -490,17 +490,22 @@ pub fn run_gate(
         };
         let dst = options.work_dir.join(&entry.name);
         let started = std::time::Instant::now();
-        quantizer_for(config, &model, profile, entry, &dst, progress.clone())
-            .map(|q| q.share_observations(shared.clone()))
-            .and_then(Quantizer::run)
-            .map_err(|e| in_entry(entry, e))?;
+        let recipe = Recipe::load(&entry.recipe).map_err(|e| in_entry(entry, e))?;
+        quantizer_for(
+            config,
+            &model,
+            profile,
+            entry,
+            &recipe,
+            &dst,
+            progress.clone(),
+        )
+        .map(|q| q.share_observations(shared.clone()))
+        .and_then(Quantizer::run)
+        .map_err(|e| in_entry(entry, e))?;
         built.push(Built {
             entry,
-            fp8: Recipe::load(&entry.recipe)
-                .map_err(|e| in_entry(entry, e))?
-                .scheme
-                .dtype()
-                == QuantDtype::Float8E4m3fn,
+            fp8: recipe.scheme.dtype() == QuantDtype::Float8E4m3fn,
             model,
             dst,
             quantize_seconds: started.elapsed().as_secs_f64(),
@@ -649,10 +654,10 @@ fn quantizer_for(
     model: &Path,
     profile: &Profile,
     entry: &GateEntry,
+    recipe: &Recipe,
     dst: &Path,
     progress: GateProgressFn,
 ) -> Result<Quantizer> {
-    let recipe = Recipe::load(&entry.recipe)?;
     let mut q = Quantizer::new(model, dst)
         .recipe(&entry.recipe)
         .decode_options(entry.decode_options())

@@ -124,20 +124,19 @@ fn check_smoother(smooth_inv: Option<&[f32]>, cols: usize) {
 /// Quantize one row in place by the per-token rule; returns the row's scale.
 fn quantize_row(x: &[f32], smooth_inv: Option<&[f32]>, dtype: QuantDtype, codes: &mut [u8]) -> f32 {
     // x'_j = x_j * smooth_inv_j, recomputed in both passes (identical values, no scratch row).
-    let smoothed = |j: usize, v: f32| smooth_inv.map_or(v, |s| v * s[j]);
     // max is exact and order independent, so any reduction tree (the GPU's) gives this value.
     // f32::max ignores NaN, like CUDA's fmaxf.
     let amax = match smooth_inv {
         None => abs_max(x),
-        Some(_) => x
+        Some(s) => x
             .iter()
-            .enumerate()
-            .fold(AMAX_FLOOR, |m, (j, &v)| m.max(smoothed(j, v).abs())),
+            .zip(s)
+            .fold(AMAX_FLOOR, |m, (&v, &s)| m.max((v * s).abs())),
     };
     let q = dtype.qmax();
     let mult = q / amax;
-    // The same `encode(dtype, smoothed(j, v) * mult)` per element, with the dtype and the
-    // smoother chosen once per row so that the loops vectorize.
+    // `encode(dtype, x'_j * mult)` per element, with the dtype and the smoother chosen once per
+    // row so that the loops vectorize.
     fn encode_all(
         codes: &mut [u8],
         x: &[f32],
