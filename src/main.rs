@@ -376,14 +376,26 @@ fn main() -> ExitCode {
     }
 }
 
-fn progress_bar(hidden: bool) -> impl FnMut(&Progress) + Send + 'static {
+/// When each stage of a run began and ended (its first and last progress report), in seconds
+/// from the start, in the order the stages ran.
+type StageTimes = std::sync::Arc<std::sync::Mutex<Vec<(Stage, f64, f64)>>>;
+
+fn progress_bar(hidden: bool, times: StageTimes) -> impl FnMut(&Progress) + Send + 'static {
     let bar = if hidden {
         ProgressBar::hidden()
     } else {
         ProgressBar::new(0)
     };
+    let started = std::time::Instant::now();
     let mut stage = None;
     move |p: &Progress| {
+        let now = started.elapsed().as_secs_f64();
+        if let Ok(mut times) = times.lock() {
+            match times.last_mut() {
+                Some((s, _, end)) if *s == p.stage => *end = now,
+                _ => times.push((p.stage, now, now)),
+            }
+        }
         if stage != Some(p.stage) {
             stage = Some(p.stage);
             // Every stage shows an ETA (hashing a multi-gigabyte source and writing hundreds of
@@ -457,10 +469,20 @@ fn quantize(args: QuantizeArgs) -> Result<()> {
         q = q.option(format!("smoothquant.alpha={alpha}"));
     }
     let started = std::time::Instant::now();
-    let outcome = q.on_progress(progress_bar(args.json)).run()?;
+    let times = StageTimes::default();
+    let outcome = q
+        .on_progress(progress_bar(args.json, times.clone()))
+        .run()?;
+    let seconds = started.elapsed().as_secs_f64();
     let report = outcome
         .report
         .context("a quantization run returns a report")?;
+    // Each stage from its first to its last report; what lies between (loading the source,
+    // deriving scales, renaming into place) is the rest of `seconds`.
+    let stages: Vec<(&str, f64)> = times
+        .lock()
+        .map(|t| t.iter().map(|(s, a, b)| (s.name(), b - a)).collect())
+        .unwrap_or_default();
     if args.json {
         let summary = serde_json::json!({
             "output": outcome.output,
@@ -469,17 +491,25 @@ fn quantize(args: QuantizeArgs) -> Result<()> {
             "skipped": report.skipped,
             "worst_layer": report.worst_layer(),
             "files_read": outcome.files_read,
-            "seconds": started.elapsed().as_secs_f64(),
+            "seconds": seconds,
+            "stages": stages
+                .iter()
+                .map(|(stage, s)| serde_json::json!({"stage": stage, "seconds": s}))
+                .collect::<Vec<_>>(),
         });
         println!("{}", serde_json::to_string_pretty(&summary)?);
         return Ok(());
     }
+    let breakdown: Vec<String> = stages
+        .iter()
+        .map(|(stage, s)| format!("{stage} {s:.2} s"))
+        .collect();
     println!(
-        "wrote {} ({} quantized layers, {} skipped) in {:.2} s",
+        "wrote {} ({} quantized layers, {} skipped) in {seconds:.2} s ({})",
         outcome.output.display(),
         report.layers.len(),
         report.skipped.len(),
-        started.elapsed().as_secs_f64()
+        breakdown.join(", ")
     );
     for (layer, reason) in &report.skipped {
         println!("  kept full precision: {layer}: {reason}");

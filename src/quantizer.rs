@@ -727,6 +727,7 @@ impl Quantizer {
         let total = plan.len() as u64;
         let mut done = 0u64;
         let progress = &mut self.progress;
+        report(progress, Stage::Writing, 0, total, "");
         let fingerprint = checkpoint::write_weights(dir, plan.into_values().collect(), |entry| {
             done += 1;
             if let Some(f) = progress.as_mut() {
@@ -867,6 +868,7 @@ where
     E: crate::models::exec::LinearExec,
 {
     let total = set.utterances.len() as u64;
+    report(progress, stage, 0, total, "");
     let sink = Mutex::new(progress);
     calibration::observe_with(t, set, decoder, exec, observer, |done, _, id| {
         if let Ok(mut progress) = sink.lock() {

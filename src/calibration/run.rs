@@ -11,7 +11,7 @@ use super::{Observer, ObservingExec};
 use crate::error::{Error, Result};
 use crate::format::CalibrationRecord;
 use crate::manifest::{Manifest, Utterance};
-use crate::models::exec::LinearExec;
+use crate::models::exec::{one_utterance, LinearExec};
 use crate::models::SpeechModel;
 
 /// The default number of calibration utterances.
@@ -133,22 +133,26 @@ where
     }
     let total = set.utterances.len();
     let done = Mutex::new(0usize);
-    let observed = set
-        .utterances
-        .par_iter()
-        .enumerate()
-        .map(|(i, u)| {
-            let (o, tokens) =
-                observe_one(t, u, i, decoder, &observer, &exec).map_err(|e| Error::Utterance {
-                    id: u.id.clone(),
-                    error: Box::new(e),
-                })?;
-            let mut n = done.lock().unwrap_or_else(|p| p.into_inner());
-            *n += 1;
-            progress(*n, total, &u.id);
-            Ok((o, tokens))
-        })
-        .collect::<Result<Vec<(O, Vec<u32>)>>>()?;
+    // One task per utterance (`with_max_len(1)`): rayon's default leaves of several utterances
+    // cannot be split once started, so a thread whose utterances decode long kept others idle.
+    let observed =
+        set.utterances
+            .par_iter()
+            .with_max_len(1)
+            .enumerate()
+            .map(|(i, u)| {
+                let (o, tokens) =
+                    one_utterance(total, || observe_one(t, u, i, decoder, &observer, &exec))
+                        .map_err(|e| Error::Utterance {
+                            id: u.id.clone(),
+                            error: Box::new(e),
+                        })?;
+                let mut n = done.lock().unwrap_or_else(|p| p.into_inner());
+                *n += 1;
+                progress(*n, total, &u.id);
+                Ok((o, tokens))
+            })
+            .collect::<Result<Vec<(O, Vec<u32>)>>>()?;
     let mut merged = observer();
     let mut tokens = Vec::with_capacity(observed.len());
     for (o, t) in observed {

@@ -34,27 +34,160 @@ pub struct Linear {
 /// added in order: the figures of a gate are then the same on every x86-64 machine.
 pub(crate) const GEMM_DEPTH: usize = 512;
 
-/// `x · w_t` for `x` `[rows, k]` and `w_t` `[k, n]`, K summed in chunks of [`GEMM_DEPTH`]; up to
-/// [`gemv::MAX_ROWS`] rows with a weight stored as `[n, k]` (`w_t` its transposed view), in the
+thread_local! {
+    /// Set while this thread runs one of several utterances that share the pool
+    /// ([`one_utterance`]).
+    static UTTERANCE_PER_THREAD: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `f`, the work of one utterance of `side_by_side` that run in parallel on the pool. When
+/// they are at least as many as the pool's threads, the forward inside `f` keeps its GEMMs,
+/// attention heads and decode-step products on this thread: splitting them as well only makes
+/// tasks for threads that are already busy, and a thread that waits for one of its stolen tasks
+/// starts another utterance meanwhile, so utterances stall one another and their buffers pile up.
+/// With fewer utterances than threads, the forward splits its work as before. The results are
+/// the same bits either way (the splits never cut a sum).
+pub(crate) fn one_utterance<R>(side_by_side: usize, f: impl FnOnce() -> R) -> R {
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            UTTERANCE_PER_THREAD.set(self.0);
+        }
+    }
+    let alone = side_by_side >= rayon::current_num_threads();
+    let _restore = Restore(UTTERANCE_PER_THREAD.replace(alone));
+    f()
+}
+
+/// Whether the forward may split its work across the pool (see [`one_utterance`]).
+pub(crate) fn inner_parallelism() -> bool {
+    !UTTERANCE_PER_THREAD.get()
+}
+
+/// `dst[m, n] = scale · Σ_k lhs[m, k] · rhs[k, n]` on strided f32 views (row stride, column
+/// stride). K is summed in chunks of [`GEMM_DEPTH`], each added to `dst` in order, so the sum is
+/// the same on every machine; `parallelism` splits rows and columns only.
+///
+/// # Safety
+/// Every element addressed by the shapes and strides must lie inside the pointed-to buffers, and
+/// `dst` must not overlap the operands.
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn strided_gemm(
+    m: usize,
+    n: usize,
+    k: usize,
+    dst: *mut f32,
+    dst_rs: usize,
+    lhs: *const f32,
+    lhs_rs: usize,
+    lhs_cs: usize,
+    rhs: *const f32,
+    rhs_rs: usize,
+    rhs_cs: usize,
+    scale: f32,
+    parallelism: gemm::Parallelism,
+) {
+    // K = 0 still makes one call, which writes the zeros.
+    for k0 in (0..k.max(1)).step_by(GEMM_DEPTH) {
+        let depth = GEMM_DEPTH.min(k - k0);
+        gemm::gemm(
+            m,
+            n,
+            depth,
+            dst,
+            1,
+            dst_rs as isize,
+            k0 > 0,
+            lhs.add(k0 * lhs_cs),
+            lhs_cs as isize,
+            lhs_rs as isize,
+            rhs.add(k0 * rhs_rs),
+            rhs_cs as isize,
+            rhs_rs as isize,
+            if k0 > 0 { 1.0 } else { 0.0 },
+            scale,
+            false,
+            false,
+            false,
+            parallelism,
+        );
+    }
+}
+
+/// `x · w_t` for `x` `[.., k]` and `w_t` `[k, n]` (any 2-D strides, such as the transposed view
+/// of a `[n, k]` weight), both f32 on the CPU: K summed in chunks of [`GEMM_DEPTH`] by
+/// [`strided_gemm`]; up to [`gemv::MAX_ROWS`] rows with a weight stored as `[n, k]`, in the
 /// fixed order of [`gemv`] instead.
 pub(crate) fn matmul(x: &Tensor, w_t: &Tensor, what: &str) -> Result<Tensor> {
-    let k = w_t.dim(0).map_err(ce(what))?;
     if let Some(y) = few_rows(x, w_t, what)? {
         return Ok(y);
     }
-    let chunk = |k0: usize| {
-        let depth = GEMM_DEPTH.min(k - k0);
-        x.narrow(candle_core::D::Minus1, k0, depth)?
-            .matmul(&w_t.narrow(0, k0, depth)?)
+    let (k, n) = w_t.dims2().map_err(ce(what))?;
+    let mut dims = x.dims().to_vec();
+    match dims.last_mut() {
+        Some(last) if *last == k => *last = n,
+        _ => {
+            return Err(Error::Model {
+                what: what.to_string(),
+                message: format!(
+                    "input {:?} does not end in the weight's depth {k}",
+                    x.dims()
+                ),
+            })
+        }
+    }
+    let x = x.contiguous().map_err(ce(what))?;
+    let rows = x.elem_count() / k.max(1);
+    let (x_storage, x_layout) = x.storage_and_layout();
+    let (w_storage, w_layout) = w_t.storage_and_layout();
+    let (
+        Storage::Cpu(CpuStorage::F32(xs)),
+        Some((x_start, x_end)),
+        Storage::Cpu(CpuStorage::F32(ws)),
+    ) = (&*x_storage, x_layout.contiguous_offsets(), &*w_storage)
+    else {
+        return Err(Error::Model {
+            what: what.to_string(),
+            message: "the f32 forward runs on f32 CPU tensors".into(),
+        });
     };
-    if k <= GEMM_DEPTH {
-        return x.matmul(w_t).map_err(ce(what));
+    let (xs, (w_rs, w_cs)) = (
+        &xs[x_start..x_end],
+        (w_layout.stride()[0], w_layout.stride()[1]),
+    );
+    let w_last = w_layout.start_offset() + (k.max(1) - 1) * w_rs + (n.max(1) - 1) * w_cs;
+    if k * n > 0 && w_last >= ws.len() {
+        return Err(Error::Model {
+            what: what.to_string(),
+            message: "the weight view lies outside its storage".into(),
+        });
     }
-    let mut y = chunk(0).map_err(ce(what))?;
-    for k0 in (GEMM_DEPTH..k).step_by(GEMM_DEPTH) {
-        y = chunk(k0).and_then(|part| y + part).map_err(ce(what))?;
-    }
-    Ok(y)
+    let parallelism = if inner_parallelism() {
+        gemm::Parallelism::Rayon(rayon::current_num_threads())
+    } else {
+        gemm::Parallelism::None
+    };
+    let mut y = vec![0f32; rows * n];
+    // SAFETY: x is [rows, k] contiguous; w_t's element (c, j) is at start + c·w_rs + j·w_cs,
+    // checked above to lie in its storage; y is [rows, n] row-major.
+    unsafe {
+        strided_gemm(
+            rows,
+            n,
+            k,
+            y.as_mut_ptr(),
+            n,
+            xs.as_ptr(),
+            k,
+            1,
+            ws.as_ptr().add(w_layout.start_offset()),
+            w_rs,
+            w_cs,
+            1.0,
+            parallelism,
+        )
+    };
+    Tensor::from_vec(y, dims, &Device::Cpu).map_err(ce(what))
 }
 
 /// [`gemv::product`] when `x` has at most [`gemv::MAX_ROWS`] rows of f32 and `w_t` is the
@@ -158,6 +291,27 @@ pub(crate) mod tests {
                 ((s >> 40) as f32 / (1u64 << 24) as f32) - 0.5
             })
             .collect()
+    }
+
+    /// One utterance per thread keeps the GEMM on the calling thread; split across the pool or
+    /// not, and with the weight as the transposed view of `[n, k]` or as `[k, n]`, the product
+    /// is the same bits (the splits cut rows and columns, never a sum).
+    #[test]
+    fn matmul_is_the_same_bits_split_or_on_one_thread() {
+        let (m, k, n) = (300, 1100, 200);
+        let x = Tensor::from_vec(values(m * k, 3), (m, k), &Device::Cpu).unwrap();
+        let w = Tensor::from_vec(values(n * k, 4), (n, k), &Device::Cpu).unwrap();
+        let w_t = w.t().unwrap();
+        let bits = |y: Tensor| -> Vec<u32> {
+            let v = y.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            v.iter().map(|f| f.to_bits()).collect()
+        };
+        let split = bits(matmul(&x, &w_t, "test").unwrap());
+        let alone = bits(one_utterance(usize::MAX, || matmul(&x, &w_t, "test")).unwrap());
+        let contiguous = bits(matmul(&x, &w_t.contiguous().unwrap(), "test").unwrap());
+        assert!(inner_parallelism(), "the scope must end with its closure");
+        assert_eq!(split, alone);
+        assert_eq!(split, contiguous);
     }
 
     /// Depths below, at and across the chunk size, with a ragged last chunk: every chunk is

@@ -983,23 +983,26 @@ pub fn verify_many(
     // order, so the reports do not depend on the scheduling.
     let runs = chosen
         .par_iter()
+        .with_max_len(1) // one task per utterance, as in calibration
         .map(|u| {
-            let in_utterance = |e: Error| Error::Utterance {
-                id: u.id.clone(),
-                error: Box::new(e),
-            };
-            let fp = reference_run(r.as_ref(), u).map_err(in_utterance)?;
-            let runs = (0..models.len())
-                .map(|i| {
-                    let (q, lane, plan) = (&models[i], &lanes[i], plans[i].as_ref());
-                    quantized_run(q, r.as_ref(), u, &fp, lane, served, plan)
-                        .map_err(|e| named(i, in_utterance(e)))
-                })
-                .collect::<Result<Vec<UtteranceRun>>>()?;
-            let mut n = done.lock().unwrap_or_else(|p| p.into_inner());
-            *n += 1;
-            progress(*n, chosen.len(), &u.id);
-            Ok(runs)
+            crate::models::exec::one_utterance(chosen.len(), || {
+                let in_utterance = |e: Error| Error::Utterance {
+                    id: u.id.clone(),
+                    error: Box::new(e),
+                };
+                let fp = reference_run(r.as_ref(), u).map_err(in_utterance)?;
+                let runs = (0..models.len())
+                    .map(|i| {
+                        let (q, lane, plan) = (&models[i], &lanes[i], plans[i].as_ref());
+                        quantized_run(q, r.as_ref(), u, &fp, lane, served, plan)
+                            .map_err(|e| named(i, in_utterance(e)))
+                    })
+                    .collect::<Result<Vec<UtteranceRun>>>()?;
+                let mut n = done.lock().unwrap_or_else(|p| p.into_inner());
+                *n += 1;
+                progress(*n, chosen.len(), &u.id);
+                Ok(runs)
+            })
         })
         .collect::<Result<Vec<Vec<UtteranceRun>>>>()?;
     let seconds = started.elapsed().as_secs_f64();

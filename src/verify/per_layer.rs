@@ -671,8 +671,15 @@ pub(crate) fn run_utterance(
         .collect();
     let mut full = LogitSum::default();
     full.add(&reference, &reference_log, quantized_logits);
-    let runs = (0..plan.targets.len())
+    let targets = plan.targets.len();
+    let per_task = if crate::models::exec::inner_parallelism() {
+        1
+    } else {
+        targets
+    };
+    let runs = (0..targets)
         .into_par_iter()
+        .with_min_len(per_task)
         .map(|i| {
             let target = &plan.targets[i];
             let mut exec = OneLayerExec {

@@ -13,7 +13,9 @@ use candle_core::{DType, Device, IndexOp, Tensor};
 use super::WhisperConfig;
 use crate::checkpoint::Checkpoint;
 use crate::error::{Error, Result};
-use crate::models::exec::{activate, ce, matmul, to_vec, Linear, LinearExec, GEMM_DEPTH};
+use crate::models::exec::{
+    activate, ce, inner_parallelism, matmul, strided_gemm, to_vec, Linear, LinearExec,
+};
 use crate::models::gemv;
 use crate::numerics::Activation;
 
@@ -23,13 +25,38 @@ const LN_EPS: f32 = 1e-5;
 #[derive(Debug, Clone)]
 struct Norm {
     name: String,
-    weight: Tensor,
-    bias: Tensor,
+    weight: Vec<f32>,
+    bias: Vec<f32>,
 }
 
 impl Norm {
+    /// LayerNorm over the last dimension, on the calling thread: the arithmetic of the forward's
+    /// earlier `candle_nn::ops::layer_norm` (f32 sums of x and x² in order, variance as
+    /// E[x²] − mean²), so the figures stay the same bits, without its split of the rows across
+    /// the pool (a nested split stalls utterances that run one per thread; `exec::one_utterance`).
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        candle_nn::ops::layer_norm(x, &self.weight, &self.bias, LN_EPS).map_err(ce(&self.name))
+        let dim = self.weight.len();
+        if x.dim(candle_core::D::Minus1).ok() != Some(dim) {
+            return Err(Error::Model {
+                what: self.name.clone(),
+                message: format!("input {:?} does not end in {dim}", x.dims()),
+            });
+        }
+        let mut values = to_vec(x, &self.name)?;
+        for row in values.chunks_exact_mut(dim) {
+            let (mut sum, mut sum2) = (0f32, 0f32);
+            for &v in row.iter() {
+                sum += v;
+                sum2 += v * v;
+            }
+            let mean = sum / dim as f32;
+            let var = sum2 / dim as f32 - mean * mean;
+            let inv_std = (var + LN_EPS).sqrt().recip();
+            for ((v, w), b) in row.iter_mut().zip(&self.weight).zip(&self.bias) {
+                *v = (*v - mean) * inv_std * w + b;
+            }
+        }
+        Tensor::from_vec(values, x.shape(), &Device::Cpu).map_err(ce(&self.name))
     }
 }
 
@@ -40,55 +67,6 @@ struct Attention {
     v: Linear,
     out: Linear,
     heads: usize,
-}
-
-/// `dst[m, n] = scale · Σ_k lhs[m, k] · rhs[k, n]` on strided f32 views (row stride, column
-/// stride), single-threaded: callers parallelise over heads. K is summed in chunks of
-/// [`GEMM_DEPTH`], each added to `dst` in order, so the sum is the same on every machine.
-///
-/// # Safety
-/// Every element addressed by the shapes and strides must lie inside the pointed-to buffers, and
-/// `dst` must not overlap the operands.
-#[allow(clippy::too_many_arguments)]
-unsafe fn strided_gemm(
-    m: usize,
-    n: usize,
-    k: usize,
-    dst: *mut f32,
-    dst_rs: usize,
-    lhs: *const f32,
-    lhs_rs: usize,
-    lhs_cs: usize,
-    rhs: *const f32,
-    rhs_rs: usize,
-    rhs_cs: usize,
-    scale: f32,
-) {
-    // K = 0 still makes one call, which writes the zeros.
-    for k0 in (0..k.max(1)).step_by(GEMM_DEPTH) {
-        let depth = GEMM_DEPTH.min(k - k0);
-        gemm::gemm(
-            m,
-            n,
-            depth,
-            dst,
-            1,
-            dst_rs as isize,
-            k0 > 0,
-            lhs.add(k0 * lhs_cs),
-            lhs_cs as isize,
-            lhs_rs as isize,
-            rhs.add(k0 * rhs_rs),
-            rhs_cs as isize,
-            rhs_rs as isize,
-            if k0 > 0 { 1.0 } else { 0.0 },
-            scale,
-            false,
-            false,
-            false,
-            gemm::Parallelism::None,
-        );
-    }
 }
 
 thread_local! {
@@ -111,8 +89,11 @@ fn attention_core(
     use rayon::prelude::*;
     let (dh, t, s) = (d / heads, q.len() / d, k.len() / d);
     let scale = 1.0 / (dh as f32).sqrt();
+    // One task when the caller already runs an utterance per thread (`exec::one_utterance`).
+    let per_task = if inner_parallelism() { 1 } else { heads };
     let per_head: Vec<Vec<f32>> = (0..heads)
         .into_par_iter()
+        .with_min_len(per_task)
         .map(|h| {
             SCORES.with_borrow_mut(|buffer| {
                 if buffer.len() < t * s {
@@ -138,6 +119,7 @@ fn attention_core(
                         1,
                         d,
                         scale,
+                        gemm::Parallelism::None,
                     )
                 };
                 for (i, row) in scores.chunks_exact_mut(s).enumerate() {
@@ -163,6 +145,7 @@ fn attention_core(
                         d,
                         1,
                         1.0,
+                        gemm::Parallelism::None,
                     )
                 };
                 out
@@ -389,10 +372,22 @@ impl Loader<'_> {
     }
 
     fn norm(&self, name: &str) -> Result<Norm> {
+        let values = |part: &str| {
+            let what = format!("{name}.{part}");
+            to_vec(&self.tensor(&what)?, &what)
+        };
+        let (weight, bias) = (values("weight")?, values("bias")?);
+        if weight.len() != bias.len() {
+            return Err(Error::tensor(
+                &self.ckpt.dir,
+                format!("{name}.bias"),
+                format!("{} values for a norm of {}", bias.len(), weight.len()),
+            ));
+        }
         Ok(Norm {
             name: name.to_string(),
-            weight: self.tensor(&format!("{name}.weight"))?,
-            bias: self.tensor(&format!("{name}.bias"))?,
+            weight,
+            bias,
         })
     }
 
@@ -749,6 +744,7 @@ pub fn argmax_allowed(row: &[f32], allowed: impl Fn(usize) -> bool) -> Option<u3
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::models::exec::GEMM_DEPTH;
 
     /// Attention over more keys than one GEMM chunk sums (the encoder's 1500 positions): the
     /// chunked scores·V product matches an f64 evaluation.
