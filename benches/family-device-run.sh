@@ -10,6 +10,7 @@
 #   benches/family-device-run.sh scale SIZE...      # $OUT/scale.tsv: RTN, calibration, verify
 #   RTN_ONLY=1 benches/family-device-run.sh scale SIZE...   # the disk and RTN only
 #   THREADS=2 benches/family-device-run.sh calib SIZE...   # calibration on 2 cores only
+#   benches/family-device-run.sh cost SIZE...       # per utterance, one greedy decoding, vs FLOPs
 #   (CALIB_UTTS=N at --stage: calibrate on the first N utterances instead of 2)
 # Every checkpoint is seeded random weights (examples/whisper_family.rs): cost, not accuracy.
 set -euo pipefail
@@ -61,7 +62,7 @@ OUT=${OUT:?run on the device machine}
 Q=$PWD/$STAGE/oasr-quantize
 F=$PWD/$STAGE/whisper_family
 export OASR_WHISPER_TOKENIZERS=$PWD/$STAGE/tok
-W=/root/family
+W=${W:-/root/family}
 mkdir -p "$W"
 
 # timed LABEL CMD...: wall seconds and peak RSS (MiB) of CMD, one TSV line in $OUT/scale.tsv.
@@ -122,8 +123,38 @@ calib)
         rm -rf "$W/$size-sq"
     done
     ;;
+cost)
+    # Per utterance, on this machine's cores: calibration (`smoothquant_w8a8`) and `verify`, each
+    # with one greedy decoding (`--no-fallback`: random weights never emit end-of-text, and the
+    # fallback would decode 26 times to the token limit), beside the encoder's FLOP count over
+    # Whisper's 30 s window. Also runs here (OUT=DIR, after --stage).
+    shift
+    utts=$(grep -c . "$STAGE/calib.jsonl")
+    nproc | sed 's/^/cores\t/' | tee -a "$OUT/scale.tsv"
+    for size in "$@"; do
+        src=$(source_of "$size")
+        python3 - "$src/config.json" "$size" <<'PY' | tee -a "$OUT/scale.tsv"
+import json, sys
+c = json.load(open(sys.argv[1]))
+d, layers, mels, frames = c["d_model"], c["encoder_layers"], c["num_mel_bins"], 2 * c["max_source_positions"]
+t = frames // 2
+conv = 2 * 3 * mels * d * frames + 2 * 3 * d * d * t
+# per layer: q, k, v, out (4 d^2) and the FFN (8 d^2 for ffn = 4d) per frame; scores and values 2 T^2 d
+ffn = c["encoder_ffn_dim"]
+layer = 2 * t * (4 * d * d + 2 * d * ffn) + 4 * t * t * d
+print(f"{sys.argv[2]}-encoder-gflop\t{(conv + layers * layer) / 1e9:.1f}")
+PY
+        timed "$size-calib-smoothquant-${utts}utt-no-fallback" "$Q" "$src" "$W/$size-sq" \
+            --recipe smoothquant_w8a8 --calib-manifest "$STAGE/calib.jsonl" \
+            --calib-utterances "$utts" --no-fallback --overwrite
+        grep -o 'calibrating [0-9.]* s' "$W/last.log" | sed "s/^/$size-/" | tee -a "$OUT/scale.tsv"
+        timed "$size-verify-1utt-no-fallback" "$Q" verify "$W/$size-sq" --reference "$src" \
+            --manifest "$STAGE/calib.jsonl" --limit 1 --no-fallback
+        rm -rf "$W/$size-sq"
+    done
+    ;;
 *)
-    echo "usage: $0 --stage | fixture | scale SIZE... | calib SIZE..." >&2
+    echo "usage: $0 --stage | fixture | scale SIZE... | calib SIZE... | cost SIZE..." >&2
     exit 2
     ;;
 esac

@@ -122,6 +122,7 @@ impl GateEntry {
             beam_size: self.beam_size,
             language: self.language.clone(),
             task: self.task,
+            ..DecodeOptions::default()
         }
     }
 }

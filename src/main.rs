@@ -206,6 +206,10 @@ struct SearchArgs {
     /// Whisper: `transcribe` (default) or `translate` into English (multilingual models).
     #[arg(long, value_name = "TASK")]
     task: Option<oasr_quantize::models::Task>,
+    /// Whisper: decode greedily once, without the temperature fallback (as transformers'
+    /// `generate` and CTranslate2 do by default); the token limit stays.
+    #[arg(long)]
+    no_fallback: bool,
 }
 
 impl From<SearchArgs> for DecodeOptions {
@@ -216,6 +220,7 @@ impl From<SearchArgs> for DecodeOptions {
             beam_size: a.beam_size,
             language: a.language,
             task: a.task,
+            no_fallback: a.no_fallback,
         }
     }
 }

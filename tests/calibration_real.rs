@@ -12,8 +12,8 @@ use oasr_quantize::format::SmoothFold;
 use oasr_quantize::models::exec::{FullPrecision, LinearExec};
 use oasr_quantize::models::whisper::teacher_forced;
 use oasr_quantize::models::whisper::WhisperAsr;
-use oasr_quantize::models::SpeechModel;
-use oasr_quantize::transcribe::transcribe_manifest;
+use oasr_quantize::models::{DecodeOptions, SpeechModel};
+use oasr_quantize::transcribe::{transcribe_manifest, transcribe_manifest_with};
 use oasr_quantize::Manifest;
 use oasr_quantize::{Error, Quantizer};
 
@@ -35,6 +35,41 @@ fn tiny_en_transcribes_real_speech_sensibly() {
         (first.id.as_str(), first.hypothesis.as_str()),
         ("added", "Added.")
     );
+}
+
+/// praatio's "damon" (cross-domain gate) is a real utterance whose greedy decoding fails
+/// Whisper's checks at full precision: the default search retries at rising temperatures, and
+/// `--no-fallback` keeps the one greedy decoding, as transformers' `generate` does.
+#[test]
+fn no_fallback_keeps_the_one_greedy_decoding() {
+    let gate = common::cache_dir().join("crossdomain").join("gate.jsonl");
+    let mut manifest = Manifest::read(&gate, None).unwrap();
+    manifest.utterances.retain(|u| u.id == "praatio-damon");
+    assert_eq!(
+        manifest.utterances.len(),
+        1,
+        "praatio-damon in {}",
+        gate.display()
+    );
+    let run = |no_fallback: bool| {
+        let options = DecodeOptions {
+            no_fallback,
+            ..DecodeOptions::default()
+        };
+        let report =
+            transcribe_manifest_with(&common::tiny_en(), &manifest, None, &options, |_, _, _| {})
+                .unwrap();
+        report.utterances[0].clone()
+    };
+    let (retried, greedy) = (run(false), run(true));
+    assert!(retried.attempts > 1, "{retried:?}");
+    assert!(retried.temperature > 0.0, "{retried:?}");
+    assert_eq!(
+        (greedy.attempts, greedy.temperature),
+        (1, 0.0),
+        "{greedy:?}"
+    );
+    assert_ne!(greedy.hypothesis, retried.hypothesis);
 }
 
 #[test]
@@ -413,7 +448,8 @@ fn shared_first_pass_observations_give_the_same_checkpoint() {
             .calib_manifest(&calib)
             .calib_utterances(utterances)
             .on_progress(move |p| {
-                if p.stage == oasr_quantize::Stage::Calibrating {
+                // Each utterance (and a reused pass's "(shared)"), not the stage's start at 0.
+                if p.stage == oasr_quantize::Stage::Calibrating && p.done > 0 {
                     seen.lock().unwrap().push(p.item.to_string());
                 }
             });

@@ -62,6 +62,9 @@ pub struct DecodeOptions {
     pub language: Option<String>,
     /// Transcribe or translate (`--task`; Whisper's multilingual models).
     pub task: Option<Task>,
+    /// Whisper: one greedy decoding at temperature 0, without the temperature fallback
+    /// (`--no-fallback`), as transformers' `generate` and CTranslate2 decode by default.
+    pub no_fallback: bool,
 }
 
 impl DecodeOptions {
@@ -82,6 +85,9 @@ impl DecodeOptions {
         }
         if self.task.is_some() {
             set.push("--task");
+        }
+        if self.no_fallback {
+            set.push("--no-fallback");
         }
         set
     }

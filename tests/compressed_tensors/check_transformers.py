@@ -12,7 +12,9 @@ For the full-precision export (--fp) and every quantized export (--quantized, on
 2. run one plain forward first (compressed-tensors decompresses on the model's first forward through
    a forward pre-hook; `generate` calls the encoder directly and would otherwise see int8/fp8 weights);
 3. greedy-decode every utterance (num_beams=1, no sampling, no temperature fallback, no timestamps,
-   English transcription) and compute teacher-forced logits on the full-precision model's tokens.
+   English transcription, oasr-quantize's token limit) and compute teacher-forced logits on the
+   full-precision model's tokens. The verify reports must come from `verify --no-fallback` (the
+   same greedy decoding); a report that kept a decoding above temperature 0 is a failure.
 
 Exit status: 0 all checks passed; 1 a load problem or |WER_q(transformers) - WER_q(verify)| above
 --wer-tolerance; 2 bad arguments or inputs.
@@ -218,6 +220,26 @@ def read_wav(path: Path):
         raise InputError(f"{path}: need 16 kHz mono 16-bit PCM, got {rate} Hz, {channels} "
                          f"channel(s), {8 * width}-bit")
     return np.frombuffer(data, dtype="<i2").astype(np.float32) / 32768.0
+
+
+def token_limit(samples: int, setting: str) -> int:
+    """The decoding's token limit: oasr-quantize's (`token_limit` in
+    src/models/whisper/decoding.rs: 24 + 12 per second of 16 kHz audio, at most 224), or a fixed
+    number."""
+    if setting == "audio":
+        return min(24 + math.ceil(12.0 * samples / 16000), 224)
+    try:
+        return int(setting)
+    except ValueError:
+        raise InputError(f"--max-new-tokens {setting!r}: 'audio' or a number") from None
+
+
+def fallback_ids(report: dict) -> list[str]:
+    """Utterances that verify kept a decoding at a temperature above 0 for (either model):
+    its decoding then differs from greedy `generate` by design (`verify --no-fallback`)."""
+    return [str(t["id"]) for t in report["transcripts"]
+            if t.get("temperature_full_precision", 0.0) > 0.0
+            or t.get("temperature_quantized", 0.0) > 0.0]
 
 
 def read_verify_json(path: Path) -> dict:
@@ -450,8 +472,7 @@ class LoadedModel:
             multilingual = bool(getattr(gc, "lang_to_id", None))
         self.multilingual = bool(multilingual)
         self.gen_kwargs = dict(generation_config=gc, num_beams=1, do_sample=False,
-                               temperature=0.0, return_timestamps=False,
-                               max_new_tokens=args.max_new_tokens)
+                               temperature=0.0, return_timestamps=False)
         if self.multilingual:
             self.gen_kwargs.update(language="en", task="transcribe")
         self.prompt = self._expected_prompt(gc)
@@ -495,9 +516,10 @@ class LoadedModel:
         fe = self.processor.feature_extractor(audio, sampling_rate=16000, return_tensors="pt")
         return fe.input_features.to(dtype=torch.float32, device=self.device)
 
-    def transcribe(self, feats, torch) -> dict:
+    def transcribe(self, feats, torch, max_new_tokens: int) -> dict:
         with torch.no_grad(), capture_messages() as messages:
-            out = self.model.generate(input_features=feats, **self.gen_kwargs)
+            out = self.model.generate(input_features=feats, **self.gen_kwargs,
+                                      max_new_tokens=max_new_tokens)
         for msg in messages:
             if msg not in self.generate_messages:
                 self.generate_messages.append(msg)
@@ -563,7 +585,9 @@ def parse_args(argv):
     p.add_argument("--out", type=Path, help="result JSON")
     p.add_argument("--wer-tolerance", type=float, default=0.003,
                    help="max |WER_q(transformers) - WER_q(verify)| as a fraction (default 0.003)")
-    p.add_argument("--max-new-tokens", type=int, default=224)
+    p.add_argument("--max-new-tokens", default="audio",
+                   help="'audio' (default): oasr-quantize's token limit, 24 + 12 per second of "
+                        "audio, at most 224; or a fixed number")
     p.add_argument("--device", default="cpu", help="torch device (default cpu)")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch default)")
     p.add_argument("--self-test", action="store_true",
@@ -600,6 +624,9 @@ def main(argv=None) -> int:
     transformers.utils.logging.set_verbosity_warning()
     if args.threads:
         torch.set_num_threads(args.threads)
+    # On a GPU, float32 stays float32 (torch lets convolutions use TF32 by default).
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
 
     utts = read_manifest(args.manifest, args.limit or None)
     verify = [read_verify_json(p) for p in args.verify_json]
@@ -636,8 +663,9 @@ def main(argv=None) -> int:
         if len(audio) > 30 * 16000:
             print(f"warning: {u['id']} is {len(audio) / 16000:.1f} s long; the feature extractor "
                   "keeps the first 30 s", file=sys.stderr)
+        limit = token_limit(len(audio), args.max_new_tokens)
         feats_fp = fp.features(audio, torch)
-        fp_out = fp.transcribe(feats_fp, torch)
+        fp_out = fp.transcribe(feats_fp, torch, limit)
         prompt = fp.prompt
         if fp_out["leading_special"] and fp_out["leading_special"] != prompt:
             fp.problems.append(f"{u['id']}: generate's output starts with "
@@ -650,7 +678,7 @@ def main(argv=None) -> int:
         for qi, q in enumerate(qs):
             feats = q.features(audio, torch)
             feature_diff = float((feats - feats_fp).abs().max())
-            q_out = q.transcribe(feats, torch)
+            q_out = q.transcribe(feats, torch, limit)
             q_rows = q.teacher_forced_rows(feats, prompt, fp_out["tokens"], torch)
             m = row_metrics(fp_rows, q_rows, torch)
             for key in rows_by_q[qi]:
@@ -746,6 +774,12 @@ def main(argv=None) -> int:
         }
         for p in q.problems:
             failures.append(f"{q.path}: {p}")
+        retried = fallback_ids(rep)
+        res["verify_fallback_ids"] = retried
+        if retried:
+            failures.append(f"{args.verify_json[qi]}: verify kept a decoding above temperature 0 "
+                            f"on {len(retried)} utterances ({', '.join(retried[:3])} ...); generate "
+                            "decodes greedily, so run `verify --no-fallback` for this comparison")
         if not common:
             failures.append(f"{q.path}: no utterance of the manifest is in {args.verify_json[qi]}")
         elif delta > args.wer_tolerance:

@@ -23,6 +23,12 @@ impl RescoringOptions {
     /// finite or out of range, a beam of 0, and a reverse weight for a model without a right
     /// decoder (it would weigh a score nobody computes).
     pub fn resolve(given: &DecodeOptions, right_decoder: bool) -> Result<Self> {
+        if given.no_fallback {
+            return Err(Error::option(
+                "--no-fallback",
+                "applies to Whisper's temperature fallback; a CTC model's search has none",
+            ));
+        }
         if given.language.is_some() || given.task.is_some() {
             let option = if given.language.is_some() {
                 "--language"
@@ -370,6 +376,11 @@ mod tests {
             ..DecodeOptions::default()
         };
         assert!(refused(whisper_only, true).contains("--language"));
+        let whisper_only = DecodeOptions {
+            no_fallback: true,
+            ..DecodeOptions::default()
+        };
+        assert!(refused(whisper_only, true).contains("--no-fallback"));
         let bad = DecodeOptions {
             ctc_weight: Some(f64::NAN),
             ..DecodeOptions::default()

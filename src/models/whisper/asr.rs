@@ -43,7 +43,7 @@ impl WhisperAsr {
         if let Some(option) = options
             .set()
             .into_iter()
-            .find(|o| !["--language", "--task"].contains(o))
+            .find(|o| !["--language", "--task", "--no-fallback"].contains(o))
         {
             return Err(Error::option(
                 option,
@@ -93,7 +93,11 @@ impl WhisperAsr {
             rules,
             frontend,
             sample_rate,
-            fallback: Fallback::default(),
+            fallback: if options.no_fallback {
+                Fallback::greedy_only()
+            } else {
+                Fallback::default()
+            },
             task: options.task,
         })
     }
@@ -220,6 +224,9 @@ impl SpeechModel for WhisperAsr {
         }
         if let Some(task) = self.task {
             record.insert("task".into(), task.name().into());
+        }
+        if self.fallback.temperatures.len() == 1 {
+            record.insert("fallback".into(), false.into());
         }
         record
     }

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# The compressed-tensors exports in Hugging Face transformers against this tool's
+# `verify --no-fallback` of the same exported directories (docs/accuracy.md, "The exports in
+# transformers"; tests/compressed_tensors/README.md). Runs on the lent GPU machine after the two
+# installs of benches/accuracy-device-run.sh, with .whl/ct carried (the compressed-tensors wheels,
+# `pip download` of the versions the README names):
+#
+#   benches/ct-check-device-run.sh quantize [SET]   # quantize + export each recipe, verify them
+#   benches/ct-check-device-run.sh check [SET]      # transformers on the GPU against those reports
+#
+# SET: `cross_domain` (default, crossdomain/gate.jsonl) or `in_domain` (asterisk/gate.jsonl).
+# Both decode greedily at temperature 0 with the same token limit, so their WERs compare the
+# checkpoints' numerics, not two decoders.
+set -euo pipefail
+
+ACC=${ACC:-/root/acc}
+B=${OASR_BIN:-$ACC/oasr-quantize}
+OUT=${OUT:-./out}
+W=${W:-/root/ct-check}
+RECIPES=(${RECIPES:-int8_w8a8_rtn fp8_w8a8_rtn smoothquant_w8a8_portable smoothquant_fp8_w8a8_portable smoothquant_w8a8_fused})
+mkdir -p "$OUT" "$W"
+set -a
+# shellcheck disable=SC1091
+source "$ACC/assets.env"
+set +a
+case ${2:-cross_domain} in
+    cross_domain) manifest=$OASR_XDOMAIN_GATE_MANIFEST ;;
+    in_domain) manifest=$OASR_GATE_MANIFEST ;;
+    *) echo "unknown set ${2}" >&2; exit 2 ;;
+esac
+set_name=${2:-cross_domain}
+
+case ${1:-} in
+quantize)
+    "$B" export "$OASR_WHISPER_TINY_EN" "$W/full_precision" --format compressed-tensors --overwrite
+    for recipe in "${RECIPES[@]}"; do
+        calib=()
+        [[ $recipe == smoothquant* ]] && calib=(--calib-manifest "$OASR_CALIB_MANIFEST")
+        "$B" "$OASR_WHISPER_TINY_EN" "$W/$recipe" --recipe "$recipe" --format compressed-tensors \
+            "${calib[@]}" --overwrite
+        "$B" verify "$W/$recipe" --reference "$OASR_WHISPER_TINY_EN" --manifest "$manifest" \
+            --no-fallback --json "$W/verify-$recipe-$set_name.json" | tail -4
+        cp "$W/verify-$recipe-$set_name.json" "$OUT/"
+    done
+    ;;
+check)
+    python3 -m pip install -q --no-index --find-links .whl/ct compressed-tensors
+    dirs=() reports=()
+    for recipe in "${RECIPES[@]}"; do
+        dirs+=("$W/$recipe")
+        reports+=("$W/verify-$recipe-$set_name.json")
+    done
+    python3 tests/compressed_tensors/check_transformers.py --fp "$W/full_precision" \
+        --quantized "${dirs[@]}" --verify-json "${reports[@]}" --manifest "$manifest" \
+        --device "${TORCH_DEVICE:-cuda}" --out "$OUT/ct-check-$set_name.json"
+    ;;
+*)
+    echo "usage: $0 quantize|check [cross_domain|in_domain]" >&2
+    exit 2
+    ;;
+esac
