@@ -147,7 +147,8 @@ PY
         timed "$size-calib-smoothquant-${utts}utt-no-fallback" "$Q" "$src" "$W/$size-sq" \
             --recipe smoothquant_w8a8 --calib-manifest "$STAGE/calib.jsonl" \
             --calib-utterances "$utts" --no-fallback --overwrite
-        grep -o 'calibrating [0-9.]* s' "$W/last.log" | sed "s/^/$size-/" | tee -a "$OUT/scale.tsv"
+        # the run's own stage breakdown: (hashing …, loading …, calibrating …, writing …)
+        grep -o 'in [0-9.]* s (hashing.*)' "$W/last.log" | sed "s/^/$size-stages\t/" | tee -a "$OUT/scale.tsv"
         timed "$size-verify-1utt-no-fallback" "$Q" verify "$W/$size-sq" --reference "$src" \
             --manifest "$STAGE/calib.jsonl" --limit 1 --no-fallback
         rm -rf "$W/$size-sq"

@@ -410,6 +410,7 @@ fn progress_bar(hidden: bool, times: StageTimes) -> impl FnMut(&Progress) + Send
                     "hashing",
                     "{prefix:>12} [{bar:30}] {pos}/{len} ETA {eta} {wide_msg}",
                 ),
+                Stage::Loading => ("loading", "{prefix:>12} {spinner} {elapsed} {wide_msg}"),
                 Stage::Calibrating => (
                     "calibrating",
                     "{prefix:>12} [{bar:30}] {pos}/{len} {per_sec} ETA {eta} {wide_msg}",
@@ -484,9 +485,9 @@ fn quantize(args: QuantizeArgs) -> Result<()> {
         .context("a quantization run returns a report")?;
     // Each stage from its first to its last report; what lies between (loading the source,
     // deriving scales, renaming into place) is the rest of `seconds`.
-    let stages: Vec<(&str, f64)> = times
+    let stages: Vec<(&str, f64, f64)> = times
         .lock()
-        .map(|t| t.iter().map(|(s, a, b)| (s.name(), b - a)).collect())
+        .map(|t| t.iter().map(|(s, a, b)| (s.name(), *a, b - a)).collect())
         .unwrap_or_default();
     if args.json {
         let summary = serde_json::json!({
@@ -499,7 +500,9 @@ fn quantize(args: QuantizeArgs) -> Result<()> {
             "seconds": seconds,
             "stages": stages
                 .iter()
-                .map(|(stage, s)| serde_json::json!({"stage": stage, "seconds": s}))
+                .map(|(stage, started, s)| {
+                    serde_json::json!({"stage": stage, "started": started, "seconds": s})
+                })
                 .collect::<Vec<_>>(),
         });
         println!("{}", serde_json::to_string_pretty(&summary)?);
@@ -507,7 +510,7 @@ fn quantize(args: QuantizeArgs) -> Result<()> {
     }
     let breakdown: Vec<String> = stages
         .iter()
-        .map(|(stage, s)| format!("{stage} {s:.2} s"))
+        .map(|(stage, _, s)| format!("{stage} {s:.2} s"))
         .collect();
     println!(
         "wrote {} ({} quantized layers, {} skipped) in {seconds:.2} s ({})",

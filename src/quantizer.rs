@@ -35,6 +35,8 @@ use crate::selection;
 pub enum Stage {
     /// Hashing the source files for provenance.
     Hashing,
+    /// Loading the source model for calibration (one unit: the model).
+    Loading,
     /// Running calibration utterances through the model (one unit per utterance).
     Calibrating,
     /// The second calibration pass, through the smoothed model, for static input scales.
@@ -48,6 +50,7 @@ impl Stage {
     pub fn name(self) -> &'static str {
         match self {
             Stage::Hashing => "hashing",
+            Stage::Loading => "loading",
             Stage::Calibrating => "calibrating",
             Stage::CalibratingStatic => "calibrating static scales",
             Stage::Writing => "writing",
@@ -455,7 +458,9 @@ impl Quantizer {
         let mut calibration_record = None;
         if let Some(manifest_path) = &self.calib_manifest {
             let manifest = Manifest::read(manifest_path, self.audio_root.as_deref())?;
+            report(&mut self.progress, Stage::Loading, 0, 1, "model");
             let t = crate::models::load_with(source, &self.decode_options)?;
+            report(&mut self.progress, Stage::Loading, 1, 1, "model");
             let mut set =
                 CalibrationSet::select(&manifest, self.calib_utterances, t.sample_rate())?;
             set.record.decoding = t.decode_options_record();

@@ -72,6 +72,46 @@ fn no_fallback_keeps_the_one_greedy_decoding() {
     assert_ne!(greedy.hypothesis, retried.hypothesis);
 }
 
+/// A calibrating run reports its stages in order, each from its start (`done` 0) to its end
+/// (`done == total`): what the CLI's bars and its per-stage seconds are built from.
+#[test]
+fn a_calibrating_run_reports_each_stage_from_start_to_end() {
+    use oasr_quantize::Stage;
+    let tmp = tempfile::tempdir().unwrap();
+    let (calib, _) = common::manifests();
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let sink = seen.clone();
+    Quantizer::new(common::tiny_en(), tmp.path().join("q"))
+        .recipe("smoothquant_w8a8")
+        .calib_manifest(&calib)
+        .calib_utterances(2)
+        .on_progress(move |p| sink.lock().unwrap().push((p.stage, p.done, p.total)))
+        .run()
+        .unwrap();
+    let seen = seen.lock().unwrap();
+    let mut stages: Vec<Stage> = Vec::new();
+    for (stage, done, total) in seen.iter() {
+        if stages.last() != Some(stage) {
+            assert_eq!(*done, 0, "{stage:?} starts at 0: {seen:?}");
+            stages.push(*stage);
+        }
+        assert!(done <= total, "{seen:?}");
+    }
+    assert_eq!(
+        stages,
+        [
+            Stage::Hashing,
+            Stage::Loading,
+            Stage::Calibrating,
+            Stage::Writing
+        ]
+    );
+    for stage in stages {
+        let last = seen.iter().rev().find(|(s, ..)| *s == stage).unwrap();
+        assert_eq!(last.1, last.2, "{stage:?} ends complete: {seen:?}");
+    }
+}
+
 #[test]
 fn the_smoothed_full_precision_model_computes_the_same_function() {
     let (calib, gate) = common::manifests();
