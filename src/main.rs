@@ -483,8 +483,8 @@ fn quantize(args: QuantizeArgs) -> Result<()> {
     let report = outcome
         .report
         .context("a quantization run returns a report")?;
-    // Each stage from its first to its last report; what lies between (loading the source,
-    // deriving scales, renaming into place) is the rest of `seconds`.
+    // Each stage from its first to its last report; what lies between (deriving the scales,
+    // renaming into place) is the rest of `seconds`.
     let stages: Vec<(&str, f64, f64)> = times
         .lock()
         .map(|t| t.iter().map(|(s, a, b)| (s.name(), *a, b - a)).collect())
