@@ -252,7 +252,9 @@ impl Tensor {
 /// Little-endian 16-bit floats to f32 (exact), in parallel blocks through `half`'s slice
 /// conversion (F16C where the CPU has it): a value at a time, with its feature check and call,
 /// was a fifth of quantizing a large fp16 checkpoint. The bytes need not be aligned.
-fn halves_to_f32<H>(bytes: &[u8], from_le: fn([u8; 2]) -> H) -> Vec<f32>
+// `from_le` is generic (not a `fn` pointer) so that it inlines: called through a pointer, the
+// byte-to-half step was a call per value.
+fn halves_to_f32<H>(bytes: &[u8], from_le: impl Fn([u8; 2]) -> H + Sync) -> Vec<f32>
 where
     H: Copy + Default + Send + Sync,
     [H]: HalfFloatSliceExt,
