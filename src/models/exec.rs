@@ -64,6 +64,16 @@ pub(crate) fn inner_parallelism() -> bool {
     !UTTERANCE_PER_THREAD.get()
 }
 
+/// The `with_min_len` of a parallel loop over `items` inside one utterance's work: 1 (split
+/// freely), or all of them (one task, on this thread) under [`one_utterance`].
+pub(crate) fn min_task_len(items: usize) -> usize {
+    if inner_parallelism() {
+        1
+    } else {
+        items.max(1)
+    }
+}
+
 /// `dst[m, n] = scale · Σ_k lhs[m, k] · rhs[k, n]` on strided f32 views (row stride, column
 /// stride). K is summed in chunks of [`GEMM_DEPTH`], each added to `dst` in order, so the sum is
 /// the same on every machine; `parallelism` splits rows and columns only.

@@ -672,14 +672,9 @@ pub(crate) fn run_utterance(
     let mut full = LogitSum::default();
     full.add(&reference, &reference_log, quantized_logits);
     let targets = plan.targets.len();
-    let per_task = if crate::models::exec::inner_parallelism() {
-        1
-    } else {
-        targets
-    };
     let runs = (0..targets)
         .into_par_iter()
-        .with_min_len(per_task)
+        .with_min_len(crate::models::exec::min_task_len(targets))
         .map(|i| {
             let target = &plan.targets[i];
             let mut exec = OneLayerExec {

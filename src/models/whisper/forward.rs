@@ -14,7 +14,7 @@ use super::WhisperConfig;
 use crate::checkpoint::Checkpoint;
 use crate::error::{Error, Result};
 use crate::models::exec::{
-    activate, ce, inner_parallelism, matmul, strided_gemm, to_vec, Linear, LinearExec,
+    activate, ce, matmul, min_task_len, strided_gemm, to_vec, Linear, LinearExec,
 };
 use crate::models::gemv;
 use crate::numerics::Activation;
@@ -89,11 +89,9 @@ fn attention_core(
     use rayon::prelude::*;
     let (dh, t, s) = (d / heads, q.len() / d, k.len() / d);
     let scale = 1.0 / (dh as f32).sqrt();
-    // One task when the caller already runs an utterance per thread (`exec::one_utterance`).
-    let per_task = if inner_parallelism() { 1 } else { heads };
     let per_head: Vec<Vec<f32>> = (0..heads)
         .into_par_iter()
-        .with_min_len(per_task)
+        .with_min_len(min_task_len(heads))
         .map(|h| {
             SCORES.with_borrow_mut(|buffer| {
                 if buffer.len() < t * s {
