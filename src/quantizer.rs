@@ -506,6 +506,7 @@ impl Quantizer {
             let mut histograms: Option<HistogramObserver> = None;
             // Pass 1 (its transcripts, so pass 2 scores them instead of decoding again).
             let mut first_pass: Option<Arc<Observed<AbsMaxObserver>>> = None;
+            let mut groups = Vec::new();
             if let Some(alpha) = run_plan.alpha {
                 let pass_1 = |progress: &mut Option<ProgressFn>| {
                     calibration_pass(
@@ -560,7 +561,7 @@ impl Quantizer {
                         alpha
                     }
                 };
-                let groups = smoothquant::plan_with(
+                groups = smoothquant::plan_with(
                     layout,
                     quantized,
                     observed,
@@ -568,9 +569,17 @@ impl Quantizer {
                     alpha_of,
                     run_plan.smoothing,
                 )?;
+            }
+            // Once smoothing folds, nothing runs the full-precision forward again (pass 2 runs
+            // the smoothed model), so its f32 weights go before the working copy grows.
+            let forward = if groups.is_empty() {
+                Some(t)
+            } else {
+                drop(t);
                 let smooth_inv = smoothquant::apply(&groups, &mut working)?;
                 smoothing = Smoothing { groups, smooth_inv };
-            }
+                None
+            };
             let late_targets = if histograms.is_none() {
                 targets_of(&working, &smoothing.smooth_inv)?
             } else {
@@ -580,14 +589,15 @@ impl Quantizer {
                 // Pass 2 runs the smoothed model, so each histogram is of the input the layer's
                 // static quantize will see.
                 let smoothed;
-                let model: &dyn SpeechModel = if smoothing.groups.is_empty() {
-                    t.as_ref()
-                } else {
-                    smoothed = crate::models::load_with(
-                        &smoothed_checkpoint(source, &working, quantized),
-                        &self.decode_options,
-                    )?;
-                    smoothed.as_ref()
+                let model: &dyn SpeechModel = match &forward {
+                    Some(t) => t.as_ref(),
+                    None => {
+                        smoothed = crate::models::load_with(
+                            &smoothed_checkpoint(source, &working, quantized),
+                            &self.decode_options,
+                        )?;
+                        smoothed.as_ref()
+                    }
                 };
                 let smooth_inv = &smoothing.smooth_inv;
                 // Pass 2 runs the decoder only when it observes a layer there, and then scores

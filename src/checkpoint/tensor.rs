@@ -97,6 +97,9 @@ enum Bytes {
         len: usize,
     },
     Owned(Arc<Vec<u8>>),
+    /// All zero, from a zeroed allocation: the OS provides its pages on first write, so a tensor
+    /// that is only shaped, never written, costs no resident memory (nor does its f32 copy).
+    Zeros(Arc<Vec<u8>>),
 }
 
 /// A little-endian tensor.
@@ -133,6 +136,17 @@ impl Tensor {
         }
     }
 
+    /// Zeros of `dtype` and `shape` that take no resident memory until written (see
+    /// `Bytes::Zeros`): a placeholder whose values are never read.
+    pub fn zeros(dtype: DType, shape: Vec<usize>) -> Self {
+        let len = shape.iter().product::<usize>() * dtype.size();
+        Tensor {
+            dtype,
+            shape,
+            bytes: Bytes::Zeros(Arc::new(vec![0; len])),
+        }
+    }
+
     pub fn from_f32(shape: Vec<usize>, values: &[f32]) -> Self {
         let bytes = values.iter().flat_map(|v| v.to_le_bytes()).collect();
         Tensor::from_bytes(DType::F32, shape, bytes)
@@ -145,7 +159,7 @@ impl Tensor {
     pub fn bytes(&self) -> &[u8] {
         match &self.bytes {
             Bytes::Mapped { map, start, len } => &map[*start..*start + *len],
-            Bytes::Owned(v) => v,
+            Bytes::Owned(v) | Bytes::Zeros(v) => v,
         }
     }
 
@@ -163,6 +177,7 @@ impl Tensor {
             Bytes::Owned(v) => Bytes::Owned(Arc::new(
                 v[first * row_bytes..(first + count) * row_bytes].to_vec(),
             )),
+            Bytes::Zeros(_) => Bytes::Zeros(Arc::new(vec![0; count * row_bytes])),
         };
         Tensor {
             dtype: self.dtype,
@@ -173,6 +188,9 @@ impl Tensor {
 
     /// The values as f32. Only float dtypes convert; the caller checks `dtype.is_float()`.
     pub fn to_f32(&self) -> Vec<f32> {
+        if matches!(self.bytes, Bytes::Zeros(_)) && self.dtype.is_float() {
+            return vec![0.0; self.numel()];
+        }
         let b = self.bytes();
         match self.dtype {
             DType::F32 => b
@@ -272,4 +290,25 @@ where
             halves.convert_to_f32_slice(out);
         });
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn zeros_read_as_zeros_in_every_view() {
+        let t = Tensor::zeros(DType::F32, vec![3, 4]);
+        assert_eq!(t.numel(), 12);
+        assert_eq!(t.bytes().len(), 48);
+        assert!(t.bytes().iter().all(|&b| b == 0));
+        assert_eq!(t.to_f32(), vec![0.0; 12]);
+        let rows = t.slice_rows(1, 2);
+        assert_eq!(rows.shape, vec![2, 4]);
+        assert_eq!(rows.to_f32(), vec![0.0; 8]);
+        let half = Tensor::zeros(DType::F16, vec![5]);
+        assert_eq!(half.bytes().len(), 10);
+        assert_eq!(half.to_f32(), vec![0.0; 5]);
+        assert_eq!(half.to_float_dtype(DType::F32).to_f32(), vec![0.0; 5]);
+    }
 }

@@ -19,7 +19,7 @@ use rayon::prelude::*;
 use candle_core::{Device, Tensor};
 use serde::Serialize;
 
-use crate::checkpoint::Checkpoint;
+use crate::checkpoint::{Checkpoint, DType};
 use crate::error::{Error, Result};
 use crate::format::{QuantDtype, QuantizationSpec};
 use crate::manifest::{Manifest, Utterance};
@@ -227,11 +227,11 @@ impl QuantizedModel {
                 codes,
             };
             // The f32 model needs a float weight of the right shape to load; QuantizedExec runs
-            // every quantized layer, so its values are never read.
-            let placeholder = vec![0f32; layer.codes.len()];
+            // every quantized layer, so its values are never read, and zeros that are never
+            // written take no memory.
             runnable.tensors.insert(
                 format!("{name}.weight"),
-                crate::checkpoint::Tensor::from_f32(weight.shape.clone(), &placeholder),
+                crate::checkpoint::Tensor::zeros(DType::F32, weight.shape.clone()),
             );
             layers.insert(name.clone(), layer);
         }
