@@ -799,8 +799,15 @@ fn print_per_layer(p: &oasr_quantize::verify::per_layer::PerLayerReport) {
         .max()
         .unwrap_or(5)
         .max(5);
+    // With `--device cuda`: each layer's GPU output error, and its distance from the CPU's.
+    let gpu = p.layers.iter().any(|l| l.output_error.gpu.is_some());
+    let gpu_header = if gpu {
+        format!("  {:>10} {:>10}", "gpu rel L2", "gpu-cpu")
+    } else {
+        String::new()
+    };
     println!(
-        "  {:<width$}  {:>9} {:>9}  {:>10} {:>10}  worst row (utterance:row)",
+        "  {:<width$}  {:>9} {:>9}  {:>10} {:>10}{gpu_header}  worst row (utterance:row)",
         "layer", "share cos", "share KL", "out rel L2", "worst row"
     );
     for l in p.top_by_share(TOP) {
@@ -808,13 +815,27 @@ fn print_per_layer(p: &oasr_quantize::verify::per_layer::PerLayerReport) {
         let (worst, at) = o.worst_row.as_ref().map_or((0.0, "-".to_string()), |w| {
             (w.relative_l2, format!("{}:{}", w.utterance, w.row))
         });
+        let gpu_columns = o.gpu.as_ref().map_or(String::new(), |g| {
+            format!("  {:>10.3e} {:>10.3e}", g.relative_l2, g.relative_l2_to_cpu)
+        });
         println!(
-            "  {:<width$}  {:>9} {:>9}  {:>10.3e} {:>10.3e}  {at}",
+            "  {:<width$}  {:>9} {:>9}  {:>10.3e} {:>10.3e}{gpu_columns}  {at}",
             l.name,
             share(l.logit_share.one_minus_cosine),
             share(l.logit_share.kl),
             o.relative_l2,
             worst
+        );
+    }
+    let farthest = p
+        .layers
+        .iter()
+        .filter_map(|l| l.output_error.gpu.as_ref().map(|g| (l, g)))
+        .max_by(|a, b| a.1.relative_l2_to_cpu.total_cmp(&b.1.relative_l2_to_cpu));
+    if let Some((l, g)) = farthest {
+        println!(
+            "  GPU vs CPU: the largest difference is {} ({:.3e} of its output; GPU error {:.3e}, CPU {:.3e})",
+            l.name, g.relative_l2_to_cpu, g.relative_l2, l.output_error.relative_l2
         );
     }
     if p.layers.len() > TOP {

@@ -25,7 +25,9 @@ use cuda_common::{gpu_required, visible};
 use oasr_quantize::numerics::OutDtype;
 use oasr_quantize::runtime::{CudaLane, KernelCache};
 use oasr_quantize::verify::cuda::CudaModel;
-use oasr_quantize::verify::{verify_on, QuantizedModel, VerifyDevice, VerifyReport};
+use oasr_quantize::verify::{
+    verify_many, verify_on, QuantizedModel, VerifyDevice, VerifyOptions, VerifyReport,
+};
 use oasr_quantize::Manifest;
 use oasr_quantize::Quantizer;
 
@@ -324,5 +326,72 @@ fn gate_on_cuda_compares_each_entry_with_the_cpu_reference() {
                 r.failures
             );
         }
+    }
+}
+
+/// `verify --per-layer --device cuda`: each quantized layer also runs on the GPU on the same
+/// reference input. int8's GPU outputs are the CPU's bit for bit (distance 0, the same error);
+/// fp8's differ only by the accumulation, far less than the quantization error itself.
+#[test]
+fn per_layer_on_cuda_compares_every_layer_with_the_cpu() {
+    let test = "per_layer_on_cuda_compares_every_layer_with_the_cpu";
+    let Some(lane) = owned_lane(test) else {
+        return;
+    };
+    let fp8 = lane.info().arch.supports_fp8();
+    drop(lane);
+    let (_, gate) = common::manifests();
+    let manifest = Manifest::read(&gate, None).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let recipes: &[&str] = if fp8 {
+        &["int8_w8a8_rtn", "fp8_w8a8_rtn"]
+    } else {
+        &["int8_w8a8_rtn"]
+    };
+    for recipe in recipes {
+        let dst = tmp.path().join(recipe);
+        quantize(recipe, &dst);
+        let options = VerifyOptions {
+            limit: Some(2),
+            device: VerifyDevice::Cuda,
+            per_layer: true,
+            ..VerifyOptions::default()
+        };
+        let report = verify_many(
+            &[&dst],
+            &common::tiny_en(),
+            &manifest,
+            &options,
+            |_, _, _| {},
+        )
+        .unwrap()
+        .remove(0);
+        let layers = report.per_layer.expect("per_layer requested").layers;
+        assert!(!layers.is_empty());
+        let mut farthest = 0f64;
+        for l in &layers {
+            let o = &l.output_error;
+            let g = o
+                .gpu
+                .as_ref()
+                .unwrap_or_else(|| panic!("{}: no GPU figure", l.name));
+            farthest = farthest.max(g.relative_l2_to_cpu);
+            if recipe.starts_with("int8") {
+                assert_eq!(g.relative_l2_to_cpu, 0.0, "{}", l.name);
+                assert_eq!(g.relative_l2, o.relative_l2, "{}", l.name);
+            } else {
+                assert!(
+                    g.relative_l2_to_cpu < 0.5 * o.relative_l2,
+                    "{}: GPU-CPU {} against the quantization error {}",
+                    l.name,
+                    g.relative_l2_to_cpu,
+                    o.relative_l2
+                );
+            }
+        }
+        visible(&format!(
+            "  {recipe}: {} layers, largest GPU-CPU distance {farthest:.3e}",
+            layers.len()
+        ));
     }
 }

@@ -228,55 +228,20 @@ impl CudaExec<'_> {
             _ => None,
         };
         // The host side of the input, before the lane is taken.
-        let values = match (&d.input_scale, &pending) {
-            (_, Some(_)) => Vec::new(),
-            (Some(_), None) => to_vec(x, name)?,
-            // A fused norm's consumer quantizes the norm output rounded to the served dtype
-            // (numerics::norm_quant_per_token), with no smoother.
-            (None, None) if self.q.links.norm_fed.contains(name) => {
-                let served = self.served;
-                to_vec(x, name)?
-                    .into_iter()
-                    .map(|v| numerics::out_bits_to_f32(served, numerics::round_to_out(served, v)))
-                    .collect()
-            }
-            (None, None) => to_vec(x, name)?,
+        let values = match &pending {
+            Some(_) => Vec::new(),
+            None => host_input(self.q, name, d, to_vec(x, name)?, self.served),
         };
         let lane = self.model.lane();
         let input = match (&d.input_scale, pending) {
             (Some((scale, _)), Some(codes)) => DeviceInput::PerTensor(codes, *scale),
-            (Some((scale, mult)), None) => {
-                let xd = lane.upload(&values)?;
-                let mut codes = lane.zeros::<u8>(rows * k)?;
-                lane.launch_quantize_static(&xd, mult, &mut codes, rows, k, d.dtype)?;
-                DeviceInput::PerTensor(codes, *scale)
-            }
             (None, Some(_)) => {
                 return Err(Error::Model {
                     what: name.into(),
                     message: "a GEMM-chain consumer without a static input scale".into(),
                 })
             }
-            (None, None) => {
-                let smooth = if self.q.links.norm_fed.contains(name) {
-                    None
-                } else {
-                    d.smooth_inv.as_ref()
-                };
-                let xd = lane.upload(&values)?;
-                let mut codes = lane.zeros::<u8>(rows * k)?;
-                let mut scales = lane.zeros::<f32>(rows)?;
-                lane.launch_quantize_per_token(
-                    &xd,
-                    smooth,
-                    &mut codes,
-                    &mut scales,
-                    rows,
-                    k,
-                    d.dtype,
-                )?;
-                DeviceInput::PerRow(codes, scales)
-            }
+            (_, None) => quantize_input(&lane, self.q, name, d, &values, rows)?,
         };
         let (a, a_scale) = match &input {
             DeviceInput::PerRow(c, s) => (c, DeviceActScale::PerRow(s)),
@@ -320,17 +285,124 @@ impl CudaExec<'_> {
             });
             return Ok(placeholder);
         }
-        let mut out = lane.zeros::<u16>(rows * d.n)?;
-        lane.launch_scaled_mm(&gemm, DeviceOutput::Rounded(&mut out), None)?;
-        let bits = lane.download(&out)?;
+        let out = rounded(&lane, &gemm)?;
         drop(lane);
-        let out: Vec<f32> = bits
-            .into_iter()
-            .map(|b| numerics::out_bits_to_f32(self.served, b))
-            .collect();
         self.nonfinite += out.iter().filter(|v| !v.is_finite()).count();
         Tensor::from_vec(out, (rows, d.n), &Device::Cpu).map_err(ce(name))
     }
+}
+
+impl CudaModel {
+    /// One quantized layer of `q` on the GPU, on `values` (`[rows, k]`, the layer's input in the
+    /// frame its weights expect): its served output, rounded as the verify run rounds it. A
+    /// chain producer applies `activation` in its epilogue and returns the rounded result, not
+    /// its consumer's codes. What `verify --per-layer --device cuda` compares per layer.
+    pub(crate) fn layer_output(
+        &self,
+        q: &QuantizedModel,
+        name: &str,
+        values: &[f32],
+        rows: usize,
+        activation: Activation,
+        served: OutDtype,
+    ) -> Result<Vec<f32>> {
+        let d = self.layers.get(name).ok_or_else(|| Error::LayerRefused {
+            layer: name.into(),
+            reason: "not a quantized layer of the checkpoint on the GPU".into(),
+        })?;
+        if values.len() != rows * d.k {
+            return Err(Error::Model {
+                what: name.into(),
+                message: format!(
+                    "input has {} values, not {rows} rows of {}",
+                    values.len(),
+                    d.k
+                ),
+            });
+        }
+        let values = host_input(q, name, d, values.to_vec(), served);
+        let lane = self.lane();
+        let input = quantize_input(&lane, q, name, d, &values, rows)?;
+        let (a, a_scale) = match &input {
+            DeviceInput::PerRow(c, s) => (c, DeviceActScale::PerRow(s)),
+            DeviceInput::PerTensor(c, s) => (c, DeviceActScale::PerTensor(*s)),
+        };
+        let gemm = DeviceGemm {
+            dtype: d.dtype,
+            a,
+            a_scale,
+            w: &d.codes,
+            weight_scale: &d.weight_scale,
+            bias: d.bias.as_ref(),
+            activation,
+            out_dtype: served,
+            m: rows,
+            n: d.n,
+            k: d.k,
+        };
+        rounded(&lane, &gemm)
+    }
+}
+
+/// A layer's input as the host hands it to the GPU: a fused norm's consumer quantizes the norm
+/// output rounded to the served dtype (numerics::norm_quant_per_token); every other input as is.
+fn host_input(
+    q: &QuantizedModel,
+    name: &str,
+    d: &DeviceLayer,
+    values: Vec<f32>,
+    served: OutDtype,
+) -> Vec<f32> {
+    if d.input_scale.is_none() && q.links.norm_fed.contains(name) {
+        values
+            .into_iter()
+            .map(|v| numerics::out_bits_to_f32(served, numerics::round_to_out(served, v)))
+            .collect()
+    } else {
+        values
+    }
+}
+
+/// Uploads and quantizes a layer's host input: statically with its input scale, or per token
+/// (with its runtime smoother, except a fused norm's consumer, which has none).
+fn quantize_input(
+    lane: &CudaLane,
+    q: &QuantizedModel,
+    name: &str,
+    d: &DeviceLayer,
+    values: &[f32],
+    rows: usize,
+) -> Result<DeviceInput> {
+    let k = d.k;
+    let xd = lane.upload(values)?;
+    let mut codes = lane.zeros::<u8>(rows * k)?;
+    Ok(match &d.input_scale {
+        Some((scale, mult)) => {
+            lane.launch_quantize_static(&xd, mult, &mut codes, rows, k, d.dtype)?;
+            DeviceInput::PerTensor(codes, *scale)
+        }
+        None => {
+            let smooth = if q.links.norm_fed.contains(name) {
+                None
+            } else {
+                d.smooth_inv.as_ref()
+            };
+            let mut scales = lane.zeros::<f32>(rows)?;
+            lane.launch_quantize_per_token(&xd, smooth, &mut codes, &mut scales, rows, k, d.dtype)?;
+            DeviceInput::PerRow(codes, scales)
+        }
+    })
+}
+
+/// Runs `gemm` with its output rounded to the served dtype, downloaded as f32.
+fn rounded(lane: &CudaLane, gemm: &DeviceGemm) -> Result<Vec<f32>> {
+    let mut out = lane.zeros::<u16>(gemm.m * gemm.n)?;
+    lane.launch_scaled_mm(gemm, DeviceOutput::Rounded(&mut out), None)?;
+    Ok(lane
+        .download(&out)?
+        .into_iter()
+        .map(|b| numerics::out_bits_to_f32(gemm.out_dtype, b))
+        .collect())
 }
 
 impl LinearExec for CudaExec<'_> {

@@ -335,6 +335,25 @@ impl Lane {
         }
     }
 
+    /// The per-layer breakdown's second lane: one quantized layer on the GPU (none on the CPU,
+    /// whose numerics the breakdown runs anyway).
+    fn layer_runner<'a>(
+        &'a self,
+        q: &'a QuantizedModel,
+        served: OutDtype,
+    ) -> Option<Box<per_layer::LayerRunner<'a>>> {
+        match self {
+            Lane::Cpu => {
+                let _ = (q, served);
+                None
+            }
+            #[cfg(feature = "cuda")]
+            Lane::Cuda(m) => Some(Box::new(move |name, values, rows, activation| {
+                m.layer_output(q, name, values, rows, activation, served)
+            })),
+        }
+    }
+
     fn name(&self) -> String {
         match self {
             Lane::Cpu => "cpu".into(),
@@ -810,7 +829,12 @@ fn quantized_run(
     let agreement = forced.finish();
     let per_layer = layers
         .map(|plan| {
-            per_layer::run_utterance(plan, r, u, samples, &fp.decoded.tokens, &scored, served)
+            let gpu = lane.layer_runner(q, served);
+            let lanes = per_layer::Lanes {
+                served,
+                gpu: gpu.as_deref(),
+            };
+            per_layer::run_utterance(plan, r, u, samples, &fp.decoded.tokens, &scored, lanes)
         })
         .transpose()?;
     Ok(UtteranceRun {
@@ -882,7 +906,9 @@ pub struct VerifyOptions {
     pub limit: Option<usize>,
     /// The dtype the quantized GEMMs round to.
     pub served: OutDtype,
-    /// Where the quantized model's GEMMs run (the per-layer breakdown always runs on the CPU).
+    /// Where the quantized model's GEMMs run. The per-layer breakdown runs on the CPU; with
+    /// [`VerifyDevice::Cuda`] it also runs each layer on the GPU on the same input
+    /// (`OutputError::gpu`).
     pub device: VerifyDevice,
     /// Adds the per-layer breakdown ([`per_layer`]): one teacher-forced pass of the reference
     /// model per quantized layer and utterance. A checkpoint with SmoothQuant folds into norms or

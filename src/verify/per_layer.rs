@@ -325,6 +325,9 @@ struct OutputSum {
     ref2: f64,
     rows: usize,
     worst: Option<WorstRow>,
+    /// The GPU's output against the f32 reference and against the CPU's quantized
+    /// output, when the run has one.
+    gpu: Option<(f64, f64)>,
 }
 
 impl OutputSum {
@@ -333,6 +336,11 @@ impl OutputSum {
         self.weight_only_diff2 += other.weight_only_diff2;
         self.ref2 += other.ref2;
         self.rows += other.rows;
+        if let Some((d2, c2)) = other.gpu {
+            let sum = self.gpu.get_or_insert((0.0, 0.0));
+            sum.0 += d2;
+            sum.1 += c2;
+        }
         if let Some(w) = &other.worst {
             if self
                 .worst
@@ -357,6 +365,10 @@ impl OutputSum {
             weight_only_relative_l2: rel(self.weight_only_diff2),
             rows: self.rows,
             worst_row: self.worst.clone(),
+            gpu: self.gpu.map(|(d2, c2)| LaneOutputError {
+                relative_l2: rel(d2),
+                relative_l2_to_cpu: rel(c2),
+            }),
         }
     }
 }
@@ -371,6 +383,19 @@ pub struct OutputError {
     pub weight_only_relative_l2: f64,
     pub rows: usize,
     pub worst_row: Option<WorstRow>,
+    /// The same layer on the GPU lane (`verify --per-layer --device cuda`), on the same inputs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gpu: Option<LaneOutputError>,
+}
+
+/// A layer's GPU output on the reference input.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct LaneOutputError {
+    /// ‖y_gpu − y_f32‖ / ‖y_f32‖: the served error on the GPU, beside `relative_l2` (the CPU's).
+    pub relative_l2: f64,
+    /// ‖y_gpu − y_cpu‖ / ‖y_f32‖: how far the GPU's result is from the CPU reference numerics
+    /// (0 for int8, which is bit-identical; fp8's accumulation order shows here).
+    pub relative_l2_to_cpu: f64,
 }
 
 /// Teacher-forced logit error against the reference, summed over steps.
@@ -499,6 +524,8 @@ impl PerLayerReport {
 /// reference's.
 struct MeasureExec<'p, 'a> {
     plan: &'p Plan<'a>,
+    /// The GPU's run of a layer (`verify --per-layer --device cuda`).
+    gpu: Option<&'p LayerRunner<'p>>,
     served: OutDtype,
     utterance: &'p str,
     sums: Vec<OutputSum>,
@@ -522,6 +549,16 @@ impl MeasureExec<'_, '_> {
         let r = to_vec(reference, &t.name)?;
         let n = t.layer.n;
         self.nonfinite += q.iter().filter(|v| !v.is_finite()).count();
+        let gpu_y = self
+            .gpu
+            .map(|gpu| gpu(&t.name, &input, rows, activation).map(|y| t.frame_output(y)))
+            .transpose()?;
+        if let Some(g) = gpu_y.as_ref().filter(|g| g.len() != q.len()) {
+            return Err(Error::Model {
+                what: t.name.clone(),
+                message: format!("the GPU returned {} values, the CPU {}", g.len(), q.len()),
+            });
+        }
         let first = self.rows[i];
         let sum = &mut self.sums[i];
         for (row, ((qr, wr), rr)) in q
@@ -541,6 +578,17 @@ impl MeasureExec<'_, '_> {
             sum.weight_only_diff2 += w2;
             sum.ref2 += r2;
             sum.rows += 1;
+            // The GPU's row in the same order, so equal outputs give equal figures.
+            if let Some(gr) = gpu_y.as_ref().map(|g| &g[row * n..(row + 1) * n]) {
+                let (mut gd2, mut gc2) = (0f64, 0f64);
+                for ((&gv, &qv), &rv) in gr.iter().zip(qr).zip(rr) {
+                    gd2 += (f64::from(gv) - f64::from(rv)).powi(2);
+                    gc2 += (f64::from(gv) - f64::from(qv)).powi(2);
+                }
+                let acc = sum.gpu.get_or_insert((0.0, 0.0));
+                acc.0 += gd2;
+                acc.1 += gc2;
+            }
             if r2 > 0.0 {
                 let rel = (d2 / r2).sqrt();
                 if sum.worst.as_ref().is_none_or(|m| rel > m.relative_l2) {
@@ -551,6 +599,9 @@ impl MeasureExec<'_, '_> {
                     });
                 }
             }
+        }
+        if let Some(g) = &gpu_y {
+            self.nonfinite += g.iter().filter(|v| !v.is_finite()).count();
         }
         self.rows[i] += rows;
         Ok(())
@@ -605,6 +656,12 @@ impl LinearExec for OneLayerExec<'_, '_> {
     }
 }
 
+/// Another lane's run of one quantized layer (the GPU's, `CudaModel::layer_output`): the layer's
+/// name, its input in its frame, the rows, the activation of a chain producer's epilogue; its
+/// served output in its frame.
+pub(crate) type LayerRunner<'a> =
+    dyn Fn(&str, &[f32], usize, Activation) -> Result<Vec<f32>> + Sync + 'a;
+
 /// What one utterance contributes to the per-layer report.
 pub(crate) struct UtteranceFigures {
     source: Option<String>,
@@ -629,6 +686,14 @@ fn whisper_of(model: &dyn SpeechModel) -> Result<&WhisperAsr> {
         })
 }
 
+/// How the per-layer breakdown runs a quantized layer: the served dtype its outputs round to, and
+/// the GPU's run of it when the verify run has one.
+#[derive(Clone, Copy)]
+pub(crate) struct Lanes<'a> {
+    pub(crate) served: OutDtype,
+    pub(crate) gpu: Option<&'a LayerRunner<'a>>,
+}
+
 /// The per-layer figures of one utterance: `tokens` are the full-precision model's, and
 /// `quantized_logits` the fully quantized checkpoint's teacher-forced logits on them.
 pub(crate) fn run_utterance(
@@ -638,12 +703,14 @@ pub(crate) fn run_utterance(
     samples: &[f32],
     tokens: &[u32],
     quantized_logits: &[Vec<f32>],
-    served: OutDtype,
+    lanes: Lanes,
 ) -> Result<UtteranceFigures> {
+    let Lanes { served, gpu } = lanes;
     let r = whisper_of(r)?;
     let mel = r.frontend.log_mel(samples);
     let mut m = MeasureExec {
         plan,
+        gpu,
         served,
         utterance: &u.id,
         sums: vec![OutputSum::default(); plan.targets.len()],
