@@ -5,13 +5,40 @@
 # installs of benches/accuracy-device-run.sh, with .whl/ct carried (the compressed-tensors wheels,
 # `pip download` of the versions the README names):
 #
-#   benches/ct-check-device-run.sh quantize [SET]   # quantize + export each recipe, verify them
-#   benches/ct-check-device-run.sh check [SET]      # transformers on the GPU against those reports
+#   benches/ct-check-device-run.sh stage-wav [SET]  # here: the set's WAV files, .dev-out/ct-wav
+#   benches/ct-check-device-run.sh quantize [SET]   # there: quantize + export each recipe, verify
+#   CHECK_MANIFEST=/root/ct-wav/gate.jsonl \
+#       benches/ct-check-device-run.sh check [SET]  # there, .dev-out/ct-wav carried and copied to
+#                                                   # /root/ct-wav: transformers on the GPU
 #
 # SET: `cross_domain` (default, crossdomain/gate.jsonl) or `in_domain` (asterisk/gate.jsonl).
-# Both decode greedily at temperature 0 with the same token limit, so their WERs compare the
-# checkpoints' numerics, not two decoders.
+# Both decode greedily at temperature 0 with the same token limit. The check reads WAV only
+# (Python's wave module) and the staged assets are FLAC, hence the WAV copy of the set.
 set -euo pipefail
+
+if [[ ${1:-} == stage-wav ]]; then
+    eval "$(bash calib/fetch-assets.sh | sed 's/^/export /')"
+    case ${2:-cross_domain} in
+        cross_domain) src=$OASR_XDOMAIN_GATE_MANIFEST ;;
+        in_domain) src=$OASR_GATE_MANIFEST ;;
+        *) echo "unknown set ${2}" >&2; exit 2 ;;
+    esac
+    rm -rf .dev-out/ct-wav && mkdir -p .dev-out/ct-wav/wav
+    python3 - "$src" .dev-out/ct-wav <<'PY'
+import json, os, shutil, sys
+src, dst = sys.argv[1], sys.argv[2]
+with open(src) as f, open(os.path.join(dst, "gate.jsonl"), "w") as out:
+    for line in f:
+        if line.strip():
+            u = json.loads(line)
+            audio = os.path.join(os.path.dirname(src), u["audio"])
+            shutil.copy(audio, os.path.join(dst, "wav", os.path.basename(audio)))
+            u["audio"] = "wav/" + os.path.basename(audio)
+            out.write(json.dumps(u) + "\n")
+PY
+    du -sh .dev-out/ct-wav
+    exit 0
+fi
 
 ACC=${ACC:-/root/acc}
 B=${OASR_BIN:-$ACC/oasr-quantize}
@@ -51,7 +78,7 @@ check)
         reports+=("$W/verify-$recipe-$set_name.json")
     done
     python3 tests/compressed_tensors/check_transformers.py --fp "$W/full_precision" \
-        --quantized "${dirs[@]}" --verify-json "${reports[@]}" --manifest "$manifest" \
+        --quantized "${dirs[@]}" --verify-json "${reports[@]}" --manifest "${CHECK_MANIFEST:-$manifest}" \
         --device "${TORCH_DEVICE:-cuda}" --out "$OUT/ct-check-$set_name.json"
     ;;
 *)
