@@ -14,7 +14,7 @@ use crate::calibration::SharedObservations;
 use crate::error::{Error, Result};
 use crate::format::ModuleKind;
 use crate::manifest::Manifest;
-use crate::models::{DecodeOptions, Task};
+use crate::models::{DecodeOptions, LogMelPadding, Task};
 use crate::numerics::{OutDtype, QuantDtype};
 use crate::quantizer::{Progress, Quantizer};
 use crate::recipe::Recipe;
@@ -99,6 +99,9 @@ pub struct GateEntry {
     pub language: Option<String>,
     /// Whisper: `transcribe` (default) or `translate` (multilingual models).
     pub task: Option<Task>,
+    /// Whisper: `transcribe` (default) or `feature-extractor`: how short clips are padded to
+    /// 30 s in calibration and verification (`--padding`).
+    pub padding: Option<LogMelPadding>,
     /// Floors on the teacher-forced logit cosine mean, per set.
     #[serde(default)]
     pub min_cosine: BTreeMap<String, f64>,
@@ -122,6 +125,7 @@ impl GateEntry {
             beam_size: self.beam_size,
             language: self.language.clone(),
             task: self.task,
+            padding: self.padding,
             ..DecodeOptions::default()
         }
     }

@@ -210,6 +210,12 @@ struct SearchArgs {
     /// `generate` and CTranslate2 do by default); the token limit stays.
     #[arg(long)]
     no_fallback: bool,
+    /// Whisper: how a clip shorter than 30 s is padded to the encoder's window: `transcribe`
+    /// (default; openai-whisper's transcribe(), faster-whisper, CTranslate2: the log-mel
+    /// zero-padded) or `feature-extractor` (Hugging Face's WhisperFeatureExtractor, as
+    /// transformers and vLLM serve: the audio zero-padded). Calibrate and verify as you serve.
+    #[arg(long, value_name = "PADDING")]
+    padding: Option<oasr_quantize::models::LogMelPadding>,
 }
 
 impl From<SearchArgs> for DecodeOptions {
@@ -221,6 +227,7 @@ impl From<SearchArgs> for DecodeOptions {
             language: a.language,
             task: a.task,
             no_fallback: a.no_fallback,
+            padding: a.padding,
         }
     }
 }

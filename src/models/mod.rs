@@ -9,7 +9,7 @@ pub mod speech;
 pub mod whisper;
 
 pub use registry::{load, load_with};
-pub use speech::{DecodeOptions, Decoding, SpeechModel, Task};
+pub use speech::{DecodeOptions, Decoding, LogMelPadding, SpeechModel, Task};
 
 use std::collections::HashSet;
 use std::path::Path;

@@ -46,6 +46,43 @@ impl std::str::FromStr for Task {
     }
 }
 
+/// How Whisper brings a clip shorter than 30 s to its encoder's window (`--padding`). The two
+/// serving stacks differ, and a short clip decodes differently under each: the padded frames are
+/// most of the encoder's input.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum LogMelPadding {
+    /// openai-whisper's `transcribe()`, faster-whisper and CTranslate2: the clip's log-mel, then
+    /// zeros ([`crate::frontend::Padding::Transcribe`]).
+    #[default]
+    Transcribe,
+    /// Hugging Face's `WhisperFeatureExtractor` (transformers, vLLM): the audio zero-padded to
+    /// 30 s, then its log-mel ([`crate::frontend::Padding::PadOrTrimAudio`]).
+    FeatureExtractor,
+}
+
+impl LogMelPadding {
+    pub fn name(self) -> &'static str {
+        match self {
+            LogMelPadding::Transcribe => "transcribe",
+            LogMelPadding::FeatureExtractor => "feature-extractor",
+        }
+    }
+}
+
+impl std::str::FromStr for LogMelPadding {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "transcribe" => Ok(LogMelPadding::Transcribe),
+            "feature-extractor" => Ok(LogMelPadding::FeatureExtractor),
+            other => Err(format!(
+                "{other:?} is not a padding; use transcribe or feature-extractor"
+            )),
+        }
+    }
+}
+
 /// Options of a model's search, as given on the command line or in a gate entry; `None` leaves
 /// the architecture's default. An architecture refuses by name an option its search does not
 /// have (Whisper decodes greedily and has no CTC weight), so a setting is never ignored.
@@ -65,6 +102,8 @@ pub struct DecodeOptions {
     /// Whisper: one greedy decoding at temperature 0, without the temperature fallback
     /// (`--no-fallback`), as transformers' `generate` and CTranslate2 decode by default.
     pub no_fallback: bool,
+    /// Whisper: how a short clip is padded to 30 s (`--padding`; default: as `transcribe()`).
+    pub padding: Option<LogMelPadding>,
 }
 
 impl DecodeOptions {
@@ -88,6 +127,9 @@ impl DecodeOptions {
         }
         if self.no_fallback {
             set.push("--no-fallback");
+        }
+        if self.padding.is_some() {
+            set.push("--padding");
         }
         set
     }

@@ -707,7 +707,7 @@ pub(crate) fn run_utterance(
 ) -> Result<UtteranceFigures> {
     let Lanes { served, gpu } = lanes;
     let r = whisper_of(r)?;
-    let mel = r.frontend.log_mel(samples);
+    let mel = r.log_mel(samples);
     let mut m = MeasureExec {
         plan,
         gpu,

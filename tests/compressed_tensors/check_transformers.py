@@ -512,9 +512,27 @@ class LoadedModel:
             prompt.append(no_ts)
         return prompt
 
-    def features(self, audio, torch):
-        fe = self.processor.feature_extractor(audio, sampling_rate=16000, return_tensors="pt")
-        return fe.input_features.to(dtype=torch.float32, device=self.device)
+    def features(self, audio, torch, style: str):
+        """The log-mel input. `processor`: the WhisperFeatureExtractor's own, on the audio
+        zero-padded to 30 s (the padded frames are the log-mel of silence). `transcribe`: what
+        openai-whisper's transcribe() and oasr-quantize feed the model: the log-mel of the audio
+        with 30 s of zeros appended, its floor over all of it, the audio's own frames kept and the
+        rest of the 3000 frames 0.0. The two differ on every clip shorter than 30 s."""
+        import numpy as np
+
+        fe = self.processor.feature_extractor
+        if style == "processor":
+            feats = fe(audio, sampling_rate=16000, return_tensors="np").input_features[0]
+        else:
+            padded = np.concatenate([audio[:30 * 16000], np.zeros(30 * 16000, np.float32)])
+            full = fe(padded, sampling_rate=16000, return_tensors="np", truncation=False,
+                      padding="longest").input_features[0]
+            frames = 2 * self.model.config.max_source_positions
+            content = min(len(audio), 30 * 16000) // 160
+            feats = np.zeros((full.shape[0], frames), np.float32)
+            feats[:, :content] = full[:, :content]
+        return torch.from_numpy(np.ascontiguousarray(feats, dtype=np.float32))[None].to(
+            device=self.device)
 
     def transcribe(self, feats, torch, max_new_tokens: int) -> dict:
         with torch.no_grad(), capture_messages() as messages:
@@ -588,6 +606,11 @@ def parse_args(argv):
     p.add_argument("--max-new-tokens", default="audio",
                    help="'audio' (default): oasr-quantize's token limit, 24 + 12 per second of "
                         "audio, at most 224; or a fixed number")
+    p.add_argument("--features", choices=["transcribe", "processor"], default="transcribe",
+                   help="'transcribe' (default): the log-mel `verify` feeds, openai-whisper's "
+                        "transcribe() padding; 'processor': WhisperFeatureExtractor's own, "
+                        "which pads the audio, not the log-mel, and so decodes short clips "
+                        "differently")
     p.add_argument("--device", default="cpu", help="torch device (default cpu)")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch default)")
     p.add_argument("--self-test", action="store_true",
@@ -664,7 +687,7 @@ def main(argv=None) -> int:
             print(f"warning: {u['id']} is {len(audio) / 16000:.1f} s long; the feature extractor "
                   "keeps the first 30 s", file=sys.stderr)
         limit = token_limit(len(audio), args.max_new_tokens)
-        feats_fp = fp.features(audio, torch)
+        feats_fp = fp.features(audio, torch, args.features)
         fp_out = fp.transcribe(feats_fp, torch, limit)
         prompt = fp.prompt
         if fp_out["leading_special"] and fp_out["leading_special"] != prompt:
@@ -676,7 +699,7 @@ def main(argv=None) -> int:
                                   "ended_with_eot": fp_out["ended_with_eot"]},
                "quantized": []}
         for qi, q in enumerate(qs):
-            feats = q.features(audio, torch)
+            feats = q.features(audio, torch, args.features)
             feature_diff = float((feats - feats_fp).abs().max())
             q_out = q.transcribe(feats, torch, limit)
             q_rows = q.teacher_forced_rows(feats, prompt, fp_out["tokens"], torch)

@@ -29,6 +29,12 @@ impl RescoringOptions {
                 "applies to Whisper's temperature fallback; a CTC model's search has none",
             ));
         }
+        if given.padding.is_some() {
+            return Err(Error::option(
+                "--padding",
+                "applies to Whisper's 30 s window; a Conformer encodes the clip as it is",
+            ));
+        }
         if given.language.is_some() || given.task.is_some() {
             let option = if given.language.is_some() {
                 "--language"
@@ -381,6 +387,11 @@ mod tests {
             ..DecodeOptions::default()
         };
         assert!(refused(whisper_only, true).contains("--no-fallback"));
+        let whisper_only = DecodeOptions {
+            padding: Some(crate::models::LogMelPadding::FeatureExtractor),
+            ..DecodeOptions::default()
+        };
+        assert!(refused(whisper_only, true).contains("--padding"));
         let bad = DecodeOptions {
             ctc_weight: Some(f64::NAN),
             ..DecodeOptions::default()

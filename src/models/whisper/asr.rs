@@ -13,9 +13,10 @@ use super::{
 };
 use crate::checkpoint::{Checkpoint, CONFIG_FILE};
 use crate::error::{Error, Result};
-use crate::frontend::{whisper_logmel::N_SAMPLES, Frontend, WhisperFrontend, WHISPER_LOGMEL};
+use crate::frontend::whisper_logmel::{LogMel, N_SAMPLES};
+use crate::frontend::{Frontend, Padding, WhisperFrontend, WHISPER_LOGMEL};
 use crate::models::exec::LinearExec;
-use crate::models::speech::{DecodeOptions, Decoding, SpeechModel, Task};
+use crate::models::speech::{DecodeOptions, Decoding, LogMelPadding, SpeechModel, Task};
 
 /// A Whisper model with its tokenizer, decoding rules and frontend.
 pub struct WhisperAsr {
@@ -28,6 +29,8 @@ pub struct WhisperAsr {
     pub fallback: Fallback,
     /// The task given (`None`: the model's default, transcribe).
     pub task: Option<Task>,
+    /// How a clip shorter than 30 s is padded (`None`: as `transcribe()`).
+    pub padding: Option<LogMelPadding>,
 }
 
 impl WhisperAsr {
@@ -43,7 +46,7 @@ impl WhisperAsr {
         if let Some(option) = options
             .set()
             .into_iter()
-            .find(|o| !["--language", "--task", "--no-fallback"].contains(o))
+            .find(|o| !["--language", "--task", "--no-fallback", "--padding"].contains(o))
         {
             return Err(Error::option(
                 option,
@@ -99,7 +102,17 @@ impl WhisperAsr {
                 Fallback::default()
             },
             task: options.task,
+            padding: options.padding,
         })
+    }
+
+    /// The log-mel the encoder takes for `samples`, padded as the options say.
+    pub fn log_mel(&self, samples: &[f32]) -> LogMel {
+        let padding = match self.padding.unwrap_or_default() {
+            LogMelPadding::Transcribe => Padding::Transcribe,
+            LogMelPadding::FeatureExtractor => Padding::PadOrTrimAudio,
+        };
+        self.frontend.log_mel_with(samples, padding)
     }
 }
 
@@ -156,7 +169,7 @@ impl SpeechModel for WhisperAsr {
 
     /// The encoder output from the 30 s log-mel the model was trained on.
     fn encode(&self, exec: &mut dyn LinearExec, samples: &[f32]) -> Result<Tensor> {
-        let mel = self.frontend.log_mel(samples);
+        let mel = self.log_mel(samples);
         self.model.encode(exec, &mel.data, mel.n_mels, mel.frames)
     }
 
@@ -227,6 +240,9 @@ impl SpeechModel for WhisperAsr {
         }
         if self.fallback.temperatures.len() == 1 {
             record.insert("fallback".into(), false.into());
+        }
+        if let Some(padding) = self.padding {
+            record.insert("padding".into(), padding.name().into());
         }
         record
     }
