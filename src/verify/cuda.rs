@@ -169,6 +169,35 @@ fn upload_layer(
     })
 }
 
+impl DeviceLayer {
+    /// This layer's scaled GEMM on `rows` rows of its quantized input.
+    fn gemm<'a>(
+        &'a self,
+        input: &'a DeviceInput,
+        activation: Activation,
+        served: OutDtype,
+        rows: usize,
+    ) -> DeviceGemm<'a> {
+        let (a, a_scale) = match input {
+            DeviceInput::PerRow(c, s) => (c, DeviceActScale::PerRow(s)),
+            DeviceInput::PerTensor(c, s) => (c, DeviceActScale::PerTensor(*s)),
+        };
+        DeviceGemm {
+            dtype: self.dtype,
+            a,
+            a_scale,
+            w: &self.codes,
+            weight_scale: &self.weight_scale,
+            bias: self.bias.as_ref(),
+            activation,
+            out_dtype: served,
+            m: rows,
+            n: self.n,
+            k: self.k,
+        }
+    }
+}
+
 /// A chain producer's output, kept on the GPU for its consumer.
 struct Pending {
     /// The placeholder tensor the producer returned in its place.
@@ -243,23 +272,7 @@ impl CudaExec<'_> {
             }
             (_, None) => quantize_input(&lane, self.q, name, d, &values, rows)?,
         };
-        let (a, a_scale) = match &input {
-            DeviceInput::PerRow(c, s) => (c, DeviceActScale::PerRow(s)),
-            DeviceInput::PerTensor(c, s) => (c, DeviceActScale::PerTensor(*s)),
-        };
-        let gemm = DeviceGemm {
-            dtype: d.dtype,
-            a,
-            a_scale,
-            w: &d.codes,
-            weight_scale: &d.weight_scale,
-            bias: d.bias.as_ref(),
-            activation,
-            out_dtype: self.served,
-            m: rows,
-            n: d.n,
-            k,
-        };
+        let gemm = d.gemm(&input, activation, self.served, rows);
         if let Some(chain) = d.chain.as_ref().filter(|c| c.activation == activation) {
             let mut codes = lane.zeros::<u8>(rows * d.n)?;
             lane.launch_scaled_mm(
@@ -323,24 +336,7 @@ impl CudaModel {
         let values = host_input(q, name, d, values.to_vec(), served);
         let lane = self.lane();
         let input = quantize_input(&lane, q, name, d, &values, rows)?;
-        let (a, a_scale) = match &input {
-            DeviceInput::PerRow(c, s) => (c, DeviceActScale::PerRow(s)),
-            DeviceInput::PerTensor(c, s) => (c, DeviceActScale::PerTensor(*s)),
-        };
-        let gemm = DeviceGemm {
-            dtype: d.dtype,
-            a,
-            a_scale,
-            w: &d.codes,
-            weight_scale: &d.weight_scale,
-            bias: d.bias.as_ref(),
-            activation,
-            out_dtype: served,
-            m: rows,
-            n: d.n,
-            k: d.k,
-        };
-        rounded(&lane, &gemm)
+        rounded(&lane, &d.gemm(&input, activation, served, rows))
     }
 }
 
