@@ -877,4 +877,20 @@ mod tests {
         let home = std::env::var("HOME").unwrap();
         assert_eq!(expand("~/a").unwrap(), format!("{home}/a"));
     }
+
+    #[test]
+    fn an_entry_s_padding_reaches_its_decode_options() {
+        let entry = |extra: &str| -> std::result::Result<GateEntry, toml::de::Error> {
+            toml::from_str(&format!(
+                "name = \"e\"\nrecipe = \"int8_w8a8_rtn\"\n{extra}"
+            ))
+        };
+        let hf = entry("padding = \"feature-extractor\"").unwrap();
+        assert_eq!(
+            hf.decode_options().padding,
+            Some(LogMelPadding::FeatureExtractor)
+        );
+        assert_eq!(entry("").unwrap().decode_options().padding, None);
+        assert!(entry("padding = \"audio\"").is_err());
+    }
 }
