@@ -70,6 +70,15 @@ impl LogMelPadding {
     }
 }
 
+impl From<LogMelPadding> for crate::frontend::Padding {
+    fn from(p: LogMelPadding) -> Self {
+        match p {
+            LogMelPadding::Transcribe => crate::frontend::Padding::Transcribe,
+            LogMelPadding::FeatureExtractor => crate::frontend::Padding::PadOrTrimAudio,
+        }
+    }
+}
+
 impl std::str::FromStr for LogMelPadding {
     type Err = String;
     fn from_str(s: &str) -> std::result::Result<Self, String> {

@@ -14,7 +14,7 @@ use super::{
 use crate::checkpoint::{Checkpoint, CONFIG_FILE};
 use crate::error::{Error, Result};
 use crate::frontend::whisper_logmel::{LogMel, N_SAMPLES};
-use crate::frontend::{Frontend, Padding, WhisperFrontend, WHISPER_LOGMEL};
+use crate::frontend::{Frontend, WhisperFrontend, WHISPER_LOGMEL};
 use crate::models::exec::LinearExec;
 use crate::models::speech::{DecodeOptions, Decoding, LogMelPadding, SpeechModel, Task};
 
@@ -108,11 +108,8 @@ impl WhisperAsr {
 
     /// The log-mel the encoder takes for `samples`, padded as the options say.
     pub fn log_mel(&self, samples: &[f32]) -> LogMel {
-        let padding = match self.padding.unwrap_or_default() {
-            LogMelPadding::Transcribe => Padding::Transcribe,
-            LogMelPadding::FeatureExtractor => Padding::PadOrTrimAudio,
-        };
-        self.frontend.log_mel_with(samples, padding)
+        self.frontend
+            .log_mel_with(samples, self.padding.unwrap_or_default().into())
     }
 }
 
