@@ -426,6 +426,10 @@ fn progress_bar(hidden: bool, times: StageTimes) -> impl FnMut(&Progress) + Send
                     "static calib",
                     "{prefix:>12} [{bar:30}] {pos}/{len} {per_sec} ETA {eta} {wide_msg}",
                 ),
+                Stage::CalibratingGptq => (
+                    "gptq calib",
+                    "{prefix:>12} [{bar:30}] {pos}/{len} {per_sec} ETA {eta} {wide_msg}",
+                ),
                 Stage::Writing => (
                     "writing",
                     "{prefix:>12} [{bar:30}] {pos}/{len} ETA {eta} {wide_msg}",

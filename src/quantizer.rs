@@ -7,10 +7,11 @@ use std::sync::{Arc, Mutex};
 
 use rayon::prelude::*;
 
+use crate::algorithms::gptq::{self, GptqOptions};
 use crate::algorithms::static_inputs::{self, StaticInput, StaticInputOptions};
 use crate::algorithms::{self, rtn, smoothquant, WorkingTensors};
 use crate::calibration::{
-    self, AbsHistogram, AbsMaxObserver, BothObservers, CalibrationSet, DecoderPass,
+    self, AbsHistogram, AbsMaxObserver, BothObservers, CalibrationSet, DecoderPass, GramObserver,
     HistogramObserver, HistogramTarget, Observed, SharedObservations,
 };
 use crate::checkpoint::{
@@ -41,6 +42,8 @@ pub enum Stage {
     Calibrating,
     /// The second calibration pass, through the smoothed model, for static input scales.
     CalibratingStatic,
+    /// The pass through the smoothed model that records GPTQ's input second moments.
+    CalibratingGptq,
     /// Writing tensors (quantizing the selected ones).
     Writing,
 }
@@ -53,6 +56,7 @@ impl Stage {
             Stage::Loading => "loading",
             Stage::Calibrating => "calibrating",
             Stage::CalibratingStatic => "calibrating static scales",
+            Stage::CalibratingGptq => "calibrating gptq",
             Stage::Writing => "writing",
         }
     }
@@ -338,6 +342,7 @@ impl Quantizer {
                         plan.static_conv_inputs = Some(options);
                     }
                 }
+                "gptq" => plan.gptq = Some(gptq_options(step)?),
                 _ => {}
             }
         }
@@ -447,10 +452,12 @@ impl Quantizer {
             quantized,
             static_layers,
             chain_consumers,
+            selection,
             ..
         } = plan;
         let dtype = recipe.scheme.dtype();
         let mut files_read = Vec::new();
+        let mut grams = GramObserver::default();
         let mut working = WorkingTensors::new(source);
         let mut smoothing = Smoothing::default();
         let mut statics: BTreeMap<String, StaticInput> = BTreeMap::new();
@@ -585,42 +592,74 @@ impl Quantizer {
             } else {
                 BTreeMap::new()
             };
-            if !late_targets.is_empty() {
-                // Pass 2 runs the smoothed model, so each histogram is of the input the layer's
-                // static quantize will see.
-                let smoothed;
-                let model: &dyn SpeechModel = match &forward {
-                    Some(t) => t.as_ref(),
-                    None => {
-                        smoothed = crate::models::load_with(
-                            &smoothed_checkpoint(source, &working, quantized),
-                            &self.decode_options,
-                        )?;
-                        smoothed.as_ref()
-                    }
-                };
-                let smooth_inv = &smoothing.smooth_inv;
-                // Pass 2 runs the decoder only when it observes a layer there, and then scores
-                // pass 1's transcripts (the smoothed model computes the same function).
-                let decoder = if !late_targets.keys().any(|l| layout.in_decode_step(l)) {
+            // The later passes run the smoothed model, so each statistic is of the input the
+            // quantized layer will see (before its runtime smoother, if any).
+            let smoothed_model = match &forward {
+                None if !late_targets.is_empty() || run_plan.gptq.is_some() => {
+                    Some(crate::models::load_with(
+                        &smoothed_checkpoint(source, &working, quantized),
+                        &self.decode_options,
+                    )?)
+                }
+                _ => None,
+            };
+            let late_model = forward.as_deref().or(smoothed_model.as_deref());
+            let smooth_inv = &smoothing.smooth_inv;
+            // A later pass runs the decoder only when it observes a layer there, and then scores
+            // pass 1's transcripts (the smoothed model computes the same function).
+            let decoder_for = |observes_decoder: bool| {
+                if !observes_decoder {
                     DecoderPass::Skip
                 } else if let Some(pass) = &first_pass {
                     DecoderPass::Tokens(&pass.tokens)
                 } else {
                     DecoderPass::Decode
-                };
+                }
+            };
+            if let (false, Some(model)) = (late_targets.is_empty(), late_model) {
                 histograms = Some(
                     calibration_pass(
                         &mut self.progress,
                         Stage::CalibratingStatic,
                         model,
                         &set,
-                        decoder,
+                        decoder_for(late_targets.keys().any(|l| layout.in_decode_step(l))),
                         || smoothquant::RuntimeSmoothedExec { smooth_inv },
                         || HistogramObserver::new(&late_targets),
                     )?
                     .observer,
                 );
+            }
+            if let (Some(_), Some(model)) = (run_plan.gptq, late_model) {
+                // GPTQ weighs each linear layer's rounding error by its inputs (a convolution's
+                // input is not a GEMM input here; it keeps RTN).
+                let layers: Vec<String> = selection
+                    .selected
+                    .iter()
+                    .filter(|l| !l.kind.is_spatial_conv())
+                    .map(|l| l.name.clone())
+                    .collect();
+                grams = calibration_pass(
+                    &mut self.progress,
+                    Stage::CalibratingGptq,
+                    model,
+                    &set,
+                    decoder_for(layers.iter().any(|l| layout.in_decode_step(l))),
+                    || smoothquant::RuntimeSmoothedExec { smooth_inv },
+                    || GramObserver::new(layers.iter().cloned()),
+                )?
+                .observer;
+                // A runtime smoother multiplies the observed input by 1/s per channel.
+                for (layer, inv) in smooth_inv {
+                    if let Some(g) = grams.grams.get_mut(layer) {
+                        let k = inv.len();
+                        for (i, row) in g.chunks_mut(k).enumerate() {
+                            row.iter_mut()
+                                .zip(inv)
+                                .for_each(|(v, &inv_j)| *v *= inv[i] * inv_j);
+                        }
+                    }
+                }
             }
             if let Some(observed) = histograms {
                 let empty = AbsHistogram::default();
@@ -646,6 +685,7 @@ impl Quantizer {
         Ok(Calibrated {
             working,
             smoothing,
+            grams,
             statics,
             declined,
             record: calibration_record,
@@ -659,6 +699,7 @@ impl Quantizer {
     fn write(&mut self, plan: &Planned, calibrated: Calibrated<'_>, dir: &Path) -> Result<Outcome> {
         let Planned {
             recipe,
+            options: run_plan,
             source,
             layout,
             selection,
@@ -669,6 +710,7 @@ impl Quantizer {
         let Calibrated {
             working,
             smoothing,
+            mut grams,
             statics,
             declined,
             record: calibration_record,
@@ -756,7 +798,25 @@ impl Quantizer {
             if let Some(layer) = selected.get(&entry.name) {
                 let n = layer.out_features;
                 let w = working.get(&entry.name)?;
-                let q = rtn::quantize_weight(&w, n, w.len() / n, dtype);
+                let k = w.len() / n;
+                let gram = grams.grams.remove(&layer.name);
+                let (q, gptq_errors) = match (run_plan.gptq, gram) {
+                    (Some(options), Some(gram)) => {
+                        let rows = grams.rows.get(&layer.name).copied().unwrap_or(0);
+                        let g = gptq::quantize_weight(
+                            &layer.name,
+                            &w,
+                            n,
+                            k,
+                            dtype,
+                            &gram,
+                            rows,
+                            options,
+                        )?;
+                        (g.weight, Some((g.output_error, g.rtn_output_error)))
+                    }
+                    _ => (rtn::quantize_weight(&w, n, k, dtype), None),
+                };
                 let group = smoothing.of(&layer.name);
                 let (scale_min, scale_max) = min_max(&q.scales);
                 let factors = group.map(|g| min_max(&g.factors));
@@ -778,6 +838,8 @@ impl Quantizer {
                     input_absmax_max: absmax.map(|r| r.1),
                     static_input: statics.get(&layer.name).cloned(),
                     static_input_declined: declined.get(&layer.name).cloned(),
+                    gptq_output_error: gptq_errors.map(|e| e.0),
+                    rtn_output_error: gptq_errors.map(|e| e.1),
                 });
                 scales.insert(layer.name.clone(), q.scales);
                 return Ok(Tensor::from_bytes(
@@ -945,6 +1007,28 @@ fn alpha_option(step: &AlgorithmStep, key: &str) -> Result<Option<f32>> {
     Ok(Some(alpha as f32))
 }
 
+/// GPTQ's `damp` (in (0, 1]) and `act_order` (bool) options.
+fn gptq_options(step: &AlgorithmStep) -> Result<GptqOptions> {
+    let mut options = GptqOptions::default();
+    if let Some(v) = step.options.get("damp") {
+        match v.as_f64() {
+            Some(d) if d > 0.0 && d <= 1.0 => options.damp = d,
+            _ => {
+                return Err(Error::option(
+                    "gptq.damp",
+                    format!("{v} is not a number in (0, 1]"),
+                ))
+            }
+        }
+    }
+    if let Some(v) = step.options.get("act_order") {
+        options.act_order = v
+            .as_bool()
+            .ok_or_else(|| Error::option("gptq.act_order", format!("{v} is not true or false")))?;
+    }
+    Ok(options)
+}
+
 /// SmoothQuant's `runtime` (bool) and `floor` (in [0, 1)) options.
 fn smoothing_rules(step: &AlgorithmStep) -> Result<smoothquant::SmoothingRules> {
     let mut rules = smoothquant::SmoothingRules::default();
@@ -998,6 +1082,8 @@ struct Planned {
 struct Calibrated<'a> {
     working: WorkingTensors<'a>,
     smoothing: Smoothing,
+    /// GPTQ's Σ x xᵀ per linear layer (empty unless the recipe runs `gptq`).
+    grams: GramObserver,
     statics: BTreeMap<String, StaticInput>,
     declined: BTreeMap<String, StaticInput>,
     record: Option<CalibrationRecord>,
@@ -1015,6 +1101,8 @@ struct RunPlan {
     smoothing: smoothquant::SmoothingRules,
     static_inputs: Option<StaticInputOptions>,
     static_conv_inputs: Option<StaticInputOptions>,
+    /// GPTQ's options, when it quantizes the weights.
+    gptq: Option<GptqOptions>,
 }
 
 /// The smallest and largest value.

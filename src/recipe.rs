@@ -193,9 +193,18 @@ impl Recipe {
                 options,
             });
         }
-        if algorithms.last().map(|a| a.name.as_str()) != Some("rtn") {
+        let weight_steps = algorithms
+            .iter()
+            .filter(|a| algorithms::quantizes_weights(&a.name))
+            .count();
+        if weight_steps != 1
+            || !algorithms
+                .last()
+                .is_some_and(|a| algorithms::quantizes_weights(&a.name))
+        {
             return Err(err(format!(
-                "the last algorithm must be `rtn`, which quantizes the weights (the order is {})",
+                "the last algorithm, and only it, must quantize the weights: `rtn` or `gptq` \
+                 (the order is {})",
                 algorithms::ORDER
             )));
         }
@@ -315,10 +324,10 @@ mod tests {
         assert!(e.to_string().contains("nvfp4"), "{e}");
         let e = Recipe::parse(
             "x.toml",
-            "name='x'\nsummary='s'\nscheme='int8_w8a8'\n[[algorithms]]\nname='gptq'",
+            "name='x'\nsummary='s'\nscheme='int8_w8a8'\n[[algorithms]]\nname='awq'",
         )
         .unwrap_err();
-        assert!(e.to_string().contains("gptq"), "{e}");
+        assert!(e.to_string().contains("awq"), "{e}");
         let e = Recipe::parse(
             "x.toml",
             "name='x'\nsummary='s'\nscheme='int8_w8a8'\nalgorithms=[]",
@@ -359,7 +368,15 @@ mod tests {
         );
         assert!(e.contains("must come before `static_inputs`"), "{e}");
         let e = recipe_error("[[algorithms]]\nname='smoothquant'");
-        assert!(e.contains("last algorithm must be `rtn`"), "{e}");
+        assert!(e.contains("only it, must quantize the weights"), "{e}");
+        let e = recipe_error("[[algorithms]]\nname='rtn'\n[[algorithms]]\nname='gptq'");
+        assert!(e.contains("only it, must quantize the weights"), "{e}");
+        let r = Recipe::parse(
+            "x.toml",
+            "name='x'\nsummary='s'\nscheme='fp8_w8a8'\n[[algorithms]]\nname='gptq'\noptions={damp=0.1}",
+        )
+        .unwrap();
+        assert_eq!(r.algorithms[0].name, "gptq");
         // Control characters in a value, in the file and on the command line.
         let e = recipe_error(
             "[[algorithms]]\nname='static_inputs'\noptions={observer=\"mse\\nminmax\"}\n[[algorithms]]\nname='rtn'",

@@ -40,6 +40,13 @@ pub struct LayerReport {
     /// layer keeps its per-token input and its chain does not arm.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub static_input_declined: Option<StaticInput>,
+    /// With GPTQ weights: the relative L2 error of the layer's output on the calibration inputs
+    /// (sqrt(Σ δᵀHδ / Σ wᵀHw), H = Σ x xᵀ, δ the weight's rounding error), of GPTQ's codes and
+    /// of RTN's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gptq_output_error: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rtn_output_error: Option<f64>,
 }
 
 /// The whole report.

@@ -1,6 +1,7 @@
 //! The quantization algorithms, registered by name. A recipe names them; an algorithm that is
 //! known but not implemented in this version is refused by name.
 
+pub mod gptq;
 pub mod rtn;
 pub mod smoothquant;
 pub mod static_inputs;
@@ -25,6 +26,12 @@ const REGISTRY: &[Registered] = &[
         options: &[],
         missing: None,
         what: "round-to-nearest weights per output channel",
+    },
+    Registered {
+        name: "gptq",
+        options: &["damp", "act_order"],
+        missing: None,
+        what: "GPTQ weights per output channel: rounding error compensated with calibration inputs",
     },
     Registered {
         name: "smoothquant",
@@ -71,10 +78,11 @@ fn find(name: &str) -> Result<&'static Registered> {
 
 /// The order algorithms run in, as recipe errors state it.
 pub const ORDER: &str =
-    "smoothquant, then static_inputs and static_conv_inputs (either order), then rtn";
+    "smoothquant, then static_inputs and static_conv_inputs (either order), then one weight \
+     quantizer: rtn or gptq";
 
 /// An algorithm's place in [`ORDER`]: smoothing changes the inputs the static scales observe, and
-/// `rtn` quantizes the weights every earlier step has rewritten.
+/// the weight quantizer (`rtn` or `gptq`) quantizes the weights every earlier step has rewritten.
 pub fn stage(name: &str) -> u8 {
     match name {
         "smoothquant" => 0,
@@ -85,7 +93,15 @@ pub fn stage(name: &str) -> u8 {
 
 /// Whether the algorithm needs calibration audio.
 pub fn calibrates(name: &str) -> bool {
-    matches!(name, "smoothquant" | "static_inputs" | "static_conv_inputs")
+    matches!(
+        name,
+        "smoothquant" | "static_inputs" | "static_conv_inputs" | "gptq"
+    )
+}
+
+/// Whether the algorithm is the recipe's weight quantizer (its last step).
+pub fn quantizes_weights(name: &str) -> bool {
+    matches!(name, "rtn" | "gptq")
 }
 
 /// Errors unless `name` is a registered algorithm (implemented or not).

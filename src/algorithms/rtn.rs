@@ -17,26 +17,33 @@ pub struct QuantizedWeight {
 /// Quantizes `w` ([n, k] row-major, k = everything after the output channel) per output channel.
 pub fn quantize_weight(w: &[f32], n: usize, k: usize, dtype: QuantDtype) -> QuantizedWeight {
     let q = numerics::quantize_weight_per_channel(w, n, k, dtype);
-    // Squared error and squared norm per row, in parallel without a dequantized copy, then
-    // summed in row order: the figure does not depend on the thread count.
-    let decoded: Vec<f32> = (0..=255).map(|c| numerics::decode(dtype, c)).collect();
-    let per_row: Vec<(f64, f64)> = if k == 0 {
-        Vec::new()
-    } else {
-        w.par_chunks(k)
-            .zip(q.codes.par_chunks(k))
-            .zip(q.scales.par_iter())
-            .map(|((row, codes), &scale)| squared_error(row, codes, scale, &decoded))
-            .collect()
-    };
-    let (err, norm) = per_row
-        .iter()
-        .fold((0f64, 0f64), |(e, n), &(re, rn)| (e + re, n + rn));
-    let relative_error = if norm > 0.0 { (err / norm).sqrt() } else { 0.0 };
-    QuantizedWeight {
-        codes: q.codes,
-        scales: q.scales,
-        relative_error,
+    QuantizedWeight::new(w, k, q.codes, q.scales, dtype)
+}
+
+impl QuantizedWeight {
+    /// The codes and scales of `w` (rows of `k`), with their relative error.
+    pub fn new(w: &[f32], k: usize, codes: Vec<u8>, scales: Vec<f32>, dtype: QuantDtype) -> Self {
+        // Squared error and squared norm per row, in parallel without a dequantized copy, then
+        // summed in row order: the figure does not depend on the thread count.
+        let decoded: Vec<f32> = (0..=255).map(|c| numerics::decode(dtype, c)).collect();
+        let per_row: Vec<(f64, f64)> = if k == 0 {
+            Vec::new()
+        } else {
+            w.par_chunks(k)
+                .zip(codes.par_chunks(k))
+                .zip(scales.par_iter())
+                .map(|((row, codes), &scale)| squared_error(row, codes, scale, &decoded))
+                .collect()
+        };
+        let (err, norm) = per_row
+            .iter()
+            .fold((0f64, 0f64), |(e, n), &(re, rn)| (e + re, n + rn));
+        let relative_error = if norm > 0.0 { (err / norm).sqrt() } else { 0.0 };
+        QuantizedWeight {
+            codes,
+            scales,
+            relative_error,
+        }
     }
 }
 

@@ -1,10 +1,12 @@
 //! Calibration: the selection of utterances, observers, and the calibration loop.
 
+mod gram;
 mod histogram;
 mod observer;
 mod run;
 mod shared;
 
+pub use gram::GramObserver;
 pub use histogram::{
     channel_weights, AbsHistogram, ClipObserver, HistogramObserver, HistogramTarget,
     BINS as HISTOGRAM_BINS,

@@ -3,6 +3,8 @@
 //! the encoder, then the decoder scoring the model's own transcript (decoded with the model's
 //! own search and safeguards, [`SpeechModel::decode`]), with an observer on every GEMM input.
 
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use rayon::prelude::*;
@@ -80,6 +82,14 @@ pub enum DecoderPass<'a> {
     Skip,
 }
 
+/// The observers merged so far, and those that finished ahead of their turn.
+struct Merging<O> {
+    merged: O,
+    pending: BTreeMap<usize, O>,
+    next: usize,
+    done: usize,
+}
+
 /// A pass's merged observer and each utterance's transcript (empty when the decoder was skipped).
 pub struct Observed<O> {
     pub observer: O,
@@ -132,33 +142,63 @@ where
         }
     }
     let total = set.utterances.len();
-    let done = Mutex::new(0usize);
-    // One task per utterance (`with_max_len(1)`): rayon's default leaves of several utterances
-    // cannot be split once started, so a thread whose utterances decode long kept others idle.
-    let observed =
-        set.utterances
-            .par_iter()
-            .with_max_len(1)
-            .enumerate()
-            .map(|(i, u)| {
+    // Observers are merged in utterance order as they finish (one that finishes early waits in
+    // `pending`), so the merged statistics do not depend on the thread count, and at most about
+    // one observer per thread is alive at a time (a GPTQ observer holds every layer's Σ x xᵀ).
+    let merging = Mutex::new(Merging {
+        merged: observer(),
+        pending: BTreeMap::new(),
+        next: 0,
+        done: 0,
+    });
+    // Utterances are handed out in order, one at a time, to one worker per thread: each takes
+    // the next when it is free (a thread whose utterances decode long keeps no others waiting),
+    // and the observers finish nearly in order, so few wait in `pending`.
+    let next_utterance = AtomicUsize::new(0);
+    let failed = AtomicBool::new(false);
+    let workers = rayon::current_num_threads().clamp(1, total.max(1));
+    let per_worker = (0..workers)
+        .into_par_iter()
+        .map(|_| {
+            let mut mine = Vec::new();
+            while !failed.load(Ordering::Relaxed) {
+                let i = next_utterance.fetch_add(1, Ordering::Relaxed);
+                let Some(u) = set.utterances.get(i) else {
+                    break;
+                };
                 let (o, tokens) =
                     one_utterance(total, || observe_one(t, u, i, decoder, &observer, &exec))
-                        .map_err(|e| Error::Utterance {
-                            id: u.id.clone(),
-                            error: Box::new(e),
+                        .map_err(|e| {
+                            failed.store(true, Ordering::Relaxed);
+                            Error::Utterance {
+                                id: u.id.clone(),
+                                error: Box::new(e),
+                            }
                         })?;
-                let mut n = done.lock().unwrap_or_else(|p| p.into_inner());
-                *n += 1;
-                progress(*n, total, &u.id);
-                Ok((o, tokens))
-            })
-            .collect::<Result<Vec<(O, Vec<u32>)>>>()?;
-    let mut merged = observer();
-    let mut tokens = Vec::with_capacity(observed.len());
-    for (o, t) in observed {
-        merged.merge(o);
-        tokens.push(t);
+                let mut m = merging.lock().unwrap_or_else(|p| p.into_inner());
+                m.pending.insert(i, o);
+                while let Some(o) = {
+                    let next = m.next;
+                    m.pending.remove(&next)
+                } {
+                    m.merged.merge(o);
+                    m.next += 1;
+                }
+                m.done += 1;
+                progress(m.done, total, &u.id);
+                mine.push((i, tokens));
+            }
+            Ok(mine)
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let mut tokens = vec![Vec::new(); total];
+    for (i, t) in per_worker.into_iter().flatten() {
+        tokens[i] = t;
     }
+    let merged = merging
+        .into_inner()
+        .unwrap_or_else(|p| p.into_inner())
+        .merged;
     Ok(Observed {
         observer: merged,
         tokens,

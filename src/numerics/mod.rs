@@ -20,8 +20,8 @@ pub use e4m3::{e4m3_decode, e4m3_decode_table, e4m3_encode, E4M3_MAX, E4M3_MAX_C
 pub use gemm::{epilogue_value, scaled_mm, scaled_mm_quant, ActScale, GemmEpilogue, INT8_MAX_K};
 pub use quantize::{
     decode, dequantize_rows, encode, norm_quant_per_token, quantize_per_token, quantize_static,
-    quantize_weight_per_channel, static_input_scale, static_multipliers, QuantDtype, QuantizedRows,
-    AMAX_FLOOR,
+    quantize_weight_per_channel, row_multiplier, static_input_scale, static_multipliers,
+    QuantDtype, QuantizedRows, AMAX_FLOOR,
 };
 pub use rounding::{
     bf16_bits_to_f32, f16_bits_to_f32, out_bits_to_f32, round_half_even, round_to_out, OutDtype,

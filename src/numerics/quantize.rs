@@ -277,6 +277,15 @@ pub fn norm_quant_per_token(
     quantize_per_token(&widened, rows, cols, None, dtype)
 }
 
+/// One row's per-token (per-channel) multiplier and scale: `(Q / amax, amax / Q)` with
+/// `amax = max(max_j |x_j|, AMAX_FLOOR)`, the values [`quantize_per_token`] uses for the row
+/// (no smoother). A method that chooses the codes itself (GPTQ) encodes `x_j * multiplier`.
+pub fn row_multiplier(x: &[f32], dtype: QuantDtype) -> (f32, f32) {
+    let amax = abs_max(x);
+    let q = dtype.qmax();
+    (q / amax, amax / q)
+}
+
 /// Per-output-channel weight quantization of `w` `[n, k]`: the per-token rule on each row, with
 /// no smoother (smoothing is folded into the weight before this is called).
 pub fn quantize_weight_per_channel(
