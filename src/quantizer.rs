@@ -112,6 +112,7 @@ pub struct Quantizer {
     overwrite: bool,
     progress: Option<ProgressFn>,
     shared: Option<SharedObservations>,
+    memory_budget: Option<u64>,
 }
 
 impl Quantizer {
@@ -132,6 +133,7 @@ impl Quantizer {
             overwrite: false,
             progress: None,
             shared: None,
+            memory_budget: None,
         }
     }
 
@@ -157,6 +159,15 @@ impl Quantizer {
     /// for comparison.
     pub fn quantize_kept(mut self, yes: bool) -> Self {
         self.quantize_kept = yes;
+        self
+    }
+
+    /// The memory, in bytes, that GPTQ's calibration pass may fill with its Σ x xᵀ matrices
+    /// (default: what the system reports available, within the process's cgroup limit). The pass
+    /// observes fewer utterances at once to stay inside it (the same bits), and a run where not
+    /// even one fits is refused before calibration starts.
+    pub fn memory_budget(mut self, bytes: u64) -> Self {
+        self.memory_budget = Some(bytes);
         self
     }
 
@@ -463,6 +474,34 @@ impl Quantizer {
         let mut statics: BTreeMap<String, StaticInput> = BTreeMap::new();
         let mut declined: BTreeMap<String, StaticInput> = BTreeMap::new();
         let mut calibration_record = None;
+        // GPTQ's layers, and how many utterances its pass may hold at once; decided before any
+        // pass runs, so a run that cannot fit is refused at once.
+        let gptq_layers: Vec<&QuantizableLayer> = selection
+            .selected
+            .iter()
+            .filter(|l| run_plan.gptq.is_some() && !l.kind.is_spatial_conv())
+            .collect();
+        let gram_workers = if gptq_layers.is_empty() || self.calib_manifest.is_none() {
+            None
+        } else {
+            let per_copy = calibration::gram_bytes(gptq_layers.iter().map(|l| l.in_features));
+            let available = self.memory_budget.or_else(calibration::available_memory);
+            let workers =
+                calibration::gram_workers(per_copy, rayon::current_num_threads(), available)
+                    .ok_or_else(|| Error::Recipe {
+                        name: recipe.name.clone(),
+                        message: format!(
+                            "gptq: the Σ x xᵀ of its {} layers take {:.2} GiB per copy and the \
+                             pass needs three copies in three quarters of the memory, but \
+                             {:.2} GiB is available; end the recipe in `rtn` instead, or select \
+                             fewer layers (--ignore)",
+                            gptq_layers.len(),
+                            per_copy as f64 / (1u64 << 30) as f64,
+                            available.unwrap_or(0) as f64 / (1u64 << 30) as f64,
+                        ),
+                    })?;
+            Some(workers)
+        };
         if let Some(manifest_path) = &self.calib_manifest {
             let manifest = Manifest::read(manifest_path, self.audio_root.as_deref())?;
             report(&mut self.progress, Stage::Loading, 0, 1, "model");
@@ -630,24 +669,35 @@ impl Quantizer {
                     .observer,
                 );
             }
-            if let (Some(_), Some(model)) = (run_plan.gptq, late_model) {
+            if let (Some(workers), Some(model)) = (gram_workers, late_model) {
                 // GPTQ weighs each linear layer's rounding error by its inputs (a convolution's
                 // input is not a GEMM input here; it keeps RTN).
-                let layers: Vec<String> = selection
-                    .selected
-                    .iter()
-                    .filter(|l| !l.kind.is_spatial_conv())
-                    .map(|l| l.name.clone())
-                    .collect();
-                grams = calibration_pass(
-                    &mut self.progress,
-                    Stage::CalibratingGptq,
-                    model,
-                    &set,
-                    decoder_for(layers.iter().any(|l| layout.in_decode_step(l))),
-                    || smoothquant::RuntimeSmoothedExec { smooth_inv },
-                    || GramObserver::new(layers.iter().cloned()),
-                )?
+                let layers: Vec<String> = gptq_layers.iter().map(|l| l.name.clone()).collect();
+                let mut pass = || {
+                    calibration_pass(
+                        &mut self.progress,
+                        Stage::CalibratingGptq,
+                        model,
+                        &set,
+                        decoder_for(layers.iter().any(|l| layout.in_decode_step(l))),
+                        || smoothquant::RuntimeSmoothedExec { smooth_inv },
+                        || GramObserver::new(layers.iter().cloned()),
+                    )
+                };
+                grams = if workers < rayon::current_num_threads() {
+                    // Fewer workers than threads: the bits are the same (observers merge in
+                    // utterance order), only memory and speed differ.
+                    rayon::ThreadPoolBuilder::new()
+                        .num_threads(workers)
+                        .build()
+                        .map_err(|e| Error::Model {
+                            what: "gptq".into(),
+                            message: format!("could not start {workers} calibration threads: {e}"),
+                        })?
+                        .install(pass)?
+                } else {
+                    pass()?
+                }
                 .observer;
                 // A runtime smoother multiplies the observed input by 1/s per channel.
                 for (layer, inv) in smooth_inv {

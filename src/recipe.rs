@@ -27,6 +27,10 @@ const BUILT_IN: &[(&str, &str)] = &[
         include_str!("../recipes/smoothquant_fp8_w8a8.toml"),
     ),
     (
+        "smoothquant_fp8_w8a8_gptq",
+        include_str!("../recipes/smoothquant_fp8_w8a8_gptq.toml"),
+    ),
+    (
         "smoothquant_w8a8_fused",
         include_str!("../recipes/smoothquant_w8a8_fused.toml"),
     ),

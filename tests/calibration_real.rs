@@ -519,3 +519,59 @@ fn shared_first_pass_observations_give_the_same_checkpoint() {
         "another selection runs its own pass: {other_items:?}"
     );
 }
+
+/// `smoothquant_fp8_w8a8_gptq` on the real tiny.en: GPTQ lowers the layers' output error on the
+/// calibration inputs against RTN; a memory budget that fits one utterance's Σ x xᵀ at a time
+/// gives the same checkpoint; one that fits none is refused before calibration, with no output.
+#[test]
+fn gptq_recipe_fits_its_pass_in_the_memory_budget() {
+    let (calib, _) = common::manifests();
+    let tmp = tempfile::tempdir().unwrap();
+    let run = |name: &str, budget: Option<u64>| {
+        let dst = tmp.path().join(name);
+        let mut q = Quantizer::new(common::tiny_en(), &dst)
+            .recipe("smoothquant_fp8_w8a8_gptq")
+            .calib_manifest(&calib)
+            .calib_utterances(2);
+        if let Some(b) = budget {
+            q = q.memory_budget(b);
+        }
+        q.run().map(|_| dst)
+    };
+    let free = run("free", None).unwrap();
+    let report: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(free.join("quantization_report.json")).unwrap(),
+    )
+    .unwrap();
+    let (mut gptq, mut rtn, mut layers) = (0.0, 0.0, 0);
+    for l in report["layers"].as_array().unwrap() {
+        if let (Some(g), Some(r)) = (
+            l["gptq_output_error"].as_f64(),
+            l["rtn_output_error"].as_f64(),
+        ) {
+            gptq += g;
+            rtn += r;
+            layers += 1;
+        }
+    }
+    // tiny.en's 64 GEMMs less the decoder's four fc2 the recipe keeps.
+    assert_eq!(layers, 60);
+    assert!(gptq < 0.7 * rtn, "GPTQ {gptq} against RTN {rtn}");
+
+    // One copy of Σ x xᵀ: the encoder's q, k, v, out_proj and fc1 read 384 channels and fc2
+    // 1536; the decoder's nine kept-quantized GEMMs read 384.
+    let widths = (0..4)
+        .flat_map(|_| [384, 384, 384, 384, 384, 1536])
+        .chain((0..4 * 9).map(|_| 384));
+    let per_copy = calibration::gram_bytes(widths);
+    // Three copies (merged, one worker, one pending) in three quarters of the budget.
+    let one_worker = run("one_worker", Some(per_copy * 9 / 2)).unwrap();
+    assert_eq!(common::tree_hashes(&free), common::tree_hashes(&one_worker));
+
+    let e = run("none", Some(per_copy)).unwrap_err().to_string();
+    assert!(
+        e.contains("smoothquant_fp8_w8a8_gptq") && e.contains("gptq:") && e.contains("GiB"),
+        "{e}"
+    );
+    assert!(!tmp.path().join("none").exists());
+}

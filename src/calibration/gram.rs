@@ -95,9 +95,67 @@ impl Observer for GramObserver {
     }
 }
 
+/// Bytes of one observer's Σ x xᵀ over layers of these input widths (f32, one matrix per layer).
+pub fn gram_bytes(in_features: impl IntoIterator<Item = usize>) -> u64 {
+    in_features.into_iter().map(|k| (k * k * 4) as u64).sum()
+}
+
+/// How many utterances the GPTQ pass may observe at once. Every utterance in flight holds a whole
+/// observer of `per_copy` bytes, the merged one another, and one that finished ahead of its turn
+/// waits beside them; so the pass takes at most `threads` workers and as many as fit, with the
+/// same slack, in three quarters of `available` memory (None: unknown, no bound). At large-v3
+/// size one observer is about 10 GB, so the bound is what keeps such a run inside the machine.
+/// `None` when not even one worker fits: the caller refuses the run.
+pub fn gram_workers(per_copy: u64, threads: usize, available: Option<u64>) -> Option<usize> {
+    let Some(available) = available else {
+        return Some(threads.max(1));
+    };
+    // The merged copy, then two per worker (its own and one pending).
+    let copies = (available / 4 * 3) / per_copy.max(1);
+    let workers = copies.saturating_sub(1) / 2;
+    (workers >= 1).then(|| (workers as usize).min(threads.max(1)))
+}
+
+/// The memory the process can still take without swapping, if known: Linux's `MemAvailable`,
+/// and within a container no more than its cgroup's `memory.max` less `memory.current`
+/// (`/proc/meminfo` shows the host's memory there).
+pub fn available_memory() -> Option<u64> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = meminfo.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    let read = |f: &str| {
+        std::fs::read_to_string(format!("/sys/fs/cgroup/{f}"))
+            .ok()
+            .and_then(|s| s.trim().parse::<u64>().ok())
+    };
+    let cgroup =
+        read("memory.max").map(|max| max.saturating_sub(read("memory.current").unwrap_or(0)));
+    Some(cgroup.map_or(kib * 1024, |c| c.min(kib * 1024)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_gram_pass_takes_as_many_workers_as_fit() {
+        let gib = 1u64 << 30;
+        // tiny.en: 0.1 GB per copy; every thread fits.
+        assert_eq!(gram_workers(gib / 10, 16, Some(20 * gib)), Some(16));
+        // large-v3 (10 GiB per copy): 96 GiB of 128 fit 9 copies, the merged one and 4 workers.
+        assert_eq!(gram_workers(10 * gib, 16, Some(128 * gib)), Some(4));
+        // Not even the merged copy, one worker and one pending fit: refused.
+        assert_eq!(gram_workers(10 * gib, 2, Some(24 * gib)), None);
+        assert_eq!(gram_workers(10 * gib, 2, None), Some(2));
+        assert_eq!(gram_bytes([384, 1536]), (384 * 384 + 1536 * 1536) * 4);
+    }
+
+    #[test]
+    fn available_memory_is_read_on_linux() {
+        if cfg!(target_os = "linux") {
+            assert!(available_memory().is_some_and(|b| b > 0));
+        }
+    }
 
     #[test]
     fn gram_is_the_sum_of_outer_products_and_reuse_changes_nothing() {

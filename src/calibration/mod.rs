@@ -6,7 +6,7 @@ mod observer;
 mod run;
 mod shared;
 
-pub use gram::GramObserver;
+pub use gram::{available_memory, gram_bytes, gram_workers, GramObserver};
 pub use histogram::{
     channel_weights, AbsHistogram, ClipObserver, HistogramObserver, HistogramTarget,
     BINS as HISTOGRAM_BINS,
