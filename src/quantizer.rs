@@ -163,7 +163,8 @@ impl Quantizer {
     }
 
     /// The memory, in bytes, that GPTQ's calibration pass may fill with its Σ x xᵀ matrices
-    /// (default: what the system reports available, within the process's cgroup limit). The pass
+    /// (default: what the system reports available, within the process's cgroup limit, less two
+    /// f32 copies of the model). The pass
     /// observes fewer utterances at once to stay inside it (the same bits), and a run where not
     /// even one fits is refused before calibration starts.
     pub fn memory_budget(mut self, bytes: u64) -> Self {
@@ -485,7 +486,12 @@ impl Quantizer {
             None
         } else {
             let per_copy = calibration::gram_bytes(gptq_layers.iter().map(|l| l.in_features));
-            let available = self.memory_budget.or_else(calibration::available_memory);
+            // What the system has, less two f32 copies of the model (the pass runs the
+            // smoothed model in f32, and the source's tensors are mapped beside it).
+            let model_f32: u64 = source.tensors.values().map(|t| t.numel() as u64 * 4).sum();
+            let available = self.memory_budget.or_else(|| {
+                calibration::available_memory().map(|a| a.saturating_sub(2 * model_f32))
+            });
             let workers =
                 calibration::gram_workers(per_copy, rayon::current_num_threads(), available)
                     .ok_or_else(|| Error::Recipe {
@@ -493,8 +499,9 @@ impl Quantizer {
                         message: format!(
                             "gptq: the Σ x xᵀ of its {} layers take {:.2} GiB per copy and the \
                              pass needs three copies in three quarters of the memory, but \
-                             {:.2} GiB is available; end the recipe in `rtn` instead, or select \
-                             fewer layers (--ignore)",
+                             {:.2} GiB is available for them (beside two f32 copies of the \
+                             model); end the recipe in `rtn` instead, or select fewer layers \
+                             (--ignore)",
                             gptq_layers.len(),
                             per_copy as f64 / (1u64 << 30) as f64,
                             available.unwrap_or(0) as f64 / (1u64 << 30) as f64,
@@ -701,14 +708,7 @@ impl Quantizer {
                 .observer;
                 // A runtime smoother multiplies the observed input by 1/s per channel.
                 for (layer, inv) in smooth_inv {
-                    if let Some(g) = grams.grams.get_mut(layer) {
-                        let k = inv.len();
-                        for (i, row) in g.chunks_mut(k).enumerate() {
-                            row.iter_mut()
-                                .zip(inv)
-                                .for_each(|(v, &inv_j)| *v *= inv[i] * inv_j);
-                        }
-                    }
+                    grams.scale_channels(layer, inv);
                 }
             }
             if let Some(observed) = histograms {
@@ -849,10 +849,9 @@ impl Quantizer {
                 let n = layer.out_features;
                 let w = working.get(&entry.name)?;
                 let k = w.len() / n;
-                let gram = grams.grams.remove(&layer.name);
+                let gram = grams.take(&layer.name);
                 let (q, gptq_errors) = match (run_plan.gptq, gram) {
-                    (Some(options), Some(gram)) => {
-                        let rows = grams.rows.get(&layer.name).copied().unwrap_or(0);
+                    (Some(options), Some((gram, rows))) => {
                         let g = gptq::quantize_weight(
                             &layer.name,
                             &w,

@@ -5,7 +5,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use super::Observer;
 use crate::models::exec::strided_gemm;
 
-/// Σ x xᵀ (`[cols, cols]` row-major, f32) and the number of rows of every observed layer.
+/// Σ x xᵀ and the number of rows of every observed layer. The matrix is symmetric, so only its
+/// upper triangle is kept (row by row, `cols·(cols+1)/2` f32), which halves what every utterance
+/// in flight holds; [`GramObserver::take`] gives back the whole `[cols, cols]` matrix.
 ///
 /// Layers that read one input (q, k and v; the cross-attention keys and values of every decoder
 /// layer) are shown it one after another; the product of the last input is kept and reused when
@@ -13,8 +15,9 @@ use crate::models::exec::strided_gemm;
 #[derive(Clone, Debug, Default)]
 pub struct GramObserver {
     layers: BTreeSet<String>,
-    pub grams: BTreeMap<String, Vec<f32>>,
-    pub rows: BTreeMap<String, usize>,
+    /// Per layer: its input width and the packed upper triangle.
+    grams: BTreeMap<String, (usize, Vec<f32>)>,
+    rows: BTreeMap<String, usize>,
     last_input: Vec<f32>,
     last_product: Vec<f32>,
 }
@@ -26,6 +29,38 @@ impl GramObserver {
             layers: layers.into_iter().collect(),
             ..Default::default()
         }
+    }
+
+    /// Scales channel i of a layer's input by `inv[i]`, as a runtime smoother does: entry (i, j)
+    /// of Σ x xᵀ by `inv[i] · inv[j]`.
+    pub fn scale_channels(&mut self, layer: &str, inv: &[f32]) {
+        if let Some((cols, packed)) = self.grams.get_mut(layer) {
+            if *cols != inv.len() {
+                return;
+            }
+            let mut at = 0;
+            for i in 0..*cols {
+                for (v, &inv_j) in packed[at..at + *cols - i].iter_mut().zip(&inv[i..]) {
+                    *v *= inv[i] * inv_j;
+                }
+                at += *cols - i;
+            }
+        }
+    }
+
+    /// Removes a layer's Σ x xᵀ (`[cols, cols]`, row-major, both triangles) and its row count.
+    pub fn take(&mut self, layer: &str) -> Option<(Vec<f32>, usize)> {
+        let (cols, packed) = self.grams.remove(layer)?;
+        let mut full = vec![0f32; cols * cols];
+        let mut at = 0;
+        for i in 0..cols {
+            for j in i..cols {
+                full[i * cols + j] = packed[at];
+                full[j * cols + i] = packed[at];
+                at += 1;
+            }
+        }
+        Some((full, self.rows.get(layer).copied().unwrap_or(0)))
     }
 }
 
@@ -70,20 +105,24 @@ impl Observer for GramObserver {
             self.last_input.clear();
             self.last_input.extend_from_slice(x);
         }
-        let g = self
+        let (_, packed) = self
             .grams
             .entry(layer.to_string())
-            .or_insert_with(|| vec![0.0; cols * cols]);
-        g.iter_mut()
-            .zip(&self.last_product)
-            .for_each(|(a, b)| *a += b);
+            .or_insert_with(|| (cols, vec![0.0; cols * (cols + 1) / 2]));
+        let mut at = 0;
+        for (i, row) in self.last_product.chunks(cols).enumerate() {
+            for (a, b) in packed[at..at + cols - i].iter_mut().zip(&row[i..]) {
+                *a += b;
+            }
+            at += cols - i;
+        }
         *self.rows.entry(layer.to_string()).or_default() += rows;
     }
 
     fn merge(&mut self, other: Self) {
         for (layer, g) in other.grams {
             match self.grams.get_mut(&layer) {
-                Some(mine) => mine.iter_mut().zip(&g).for_each(|(a, b)| *a += b),
+                Some((_, mine)) => mine.iter_mut().zip(&g.1).for_each(|(a, b)| *a += b),
                 None => {
                     self.grams.insert(layer, g);
                 }
@@ -95,9 +134,13 @@ impl Observer for GramObserver {
     }
 }
 
-/// Bytes of one observer's Σ x xᵀ over layers of these input widths (f32, one matrix per layer).
+/// Bytes of one observer's Σ x xᵀ over layers of these input widths (f32, one upper triangle per
+/// layer).
 pub fn gram_bytes(in_features: impl IntoIterator<Item = usize>) -> u64 {
-    in_features.into_iter().map(|k| (k * k * 4) as u64).sum()
+    in_features
+        .into_iter()
+        .map(|k| (k * (k + 1) / 2 * 4) as u64)
+        .sum()
 }
 
 /// How many utterances the GPTQ pass may observe at once. Every utterance in flight holds a whole
@@ -147,7 +190,10 @@ mod tests {
         // Not even the merged copy, one worker and one pending fit: refused.
         assert_eq!(gram_workers(10 * gib, 2, Some(24 * gib)), None);
         assert_eq!(gram_workers(10 * gib, 2, None), Some(2));
-        assert_eq!(gram_bytes([384, 1536]), (384 * 384 + 1536 * 1536) * 4);
+        assert_eq!(
+            gram_bytes([384, 1536]),
+            (384 * 385 / 2 + 1536 * 1537 / 2) * 4
+        );
     }
 
     #[test]
@@ -165,16 +211,23 @@ mod tests {
         o.observe("a", &x, cols);
         o.observe("b", &x, cols); // the same input: the kept product
         o.observe("a", &x[..cols], cols);
+        let inv: Vec<f32> = (0..cols).map(|i| 0.5 + i as f32).collect();
+        let mut scaled = o.clone();
+        scaled.scale_channels("b", &inv);
+        let (a, rows_a) = o.take("a").unwrap();
+        let (b, rows_b) = o.take("b").unwrap();
+        let (sb, _) = scaled.take("b").unwrap();
         for i in 0..cols {
             for j in 0..cols {
                 let full: f32 = x.chunks(cols).map(|r| r[i] * r[j]).sum();
-                let a = o.grams["a"][i * cols + j];
-                let b = o.grams["b"][i * cols + j];
+                let (a, b, sb) = (a[i * cols + j], b[i * cols + j], sb[i * cols + j]);
                 assert!((b - full).abs() < 1e-5, "{b} {full}");
                 assert!((a - full - x[i] * x[j]).abs() < 1e-5, "{a}");
+                assert!((sb - full * inv[i] * inv[j]).abs() < 1e-4, "{sb}");
             }
         }
-        assert_eq!((o.rows["a"], o.rows["b"]), (4, 3));
+        assert_eq!((rows_a, rows_b), (4, 3));
+        assert!(o.take("a").is_none());
         assert!(!o.wants("c"));
     }
 }
