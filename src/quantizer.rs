@@ -164,9 +164,8 @@ impl Quantizer {
 
     /// The memory, in bytes, that GPTQ's calibration pass may fill with its Σ x xᵀ matrices
     /// (default: what the system reports available, within the process's cgroup limit, less two
-    /// f32 copies of the model). The pass
-    /// observes fewer utterances at once to stay inside it (the same bits), and a run where not
-    /// even one fits is refused before calibration starts.
+    /// f32 copies of the model). The pass observes fewer utterances at once to stay inside it
+    /// (the same bits), and a run where not even one fits is refused before calibration starts.
     pub fn memory_budget(mut self, bytes: u64) -> Self {
         self.memory_budget = Some(bytes);
         self
@@ -485,29 +484,12 @@ impl Quantizer {
         let gram_workers = if gptq_layers.is_empty() || self.calib_manifest.is_none() {
             None
         } else {
-            let per_copy = calibration::gram_bytes(gptq_layers.iter().map(|l| l.in_features));
-            // What the system has, less two f32 copies of the model (the pass runs the
-            // smoothed model in f32, and the source's tensors are mapped beside it).
-            let model_f32: u64 = source.tensors.values().map(|t| t.numel() as u64 * 4).sum();
-            let available = self.memory_budget.or_else(|| {
-                calibration::available_memory().map(|a| a.saturating_sub(2 * model_f32))
-            });
-            let workers =
-                calibration::gram_workers(per_copy, rayon::current_num_threads(), available)
-                    .ok_or_else(|| Error::Recipe {
-                        name: recipe.name.clone(),
-                        message: format!(
-                            "gptq: the Σ x xᵀ of its {} layers take {:.2} GiB per copy and the \
-                             pass needs three copies in three quarters of the memory, but \
-                             {:.2} GiB is available for them (beside two f32 copies of the \
-                             model); end the recipe in `rtn` instead, or select fewer layers \
-                             (--ignore)",
-                            gptq_layers.len(),
-                            per_copy as f64 / (1u64 << 30) as f64,
-                            available.unwrap_or(0) as f64 / (1u64 << 30) as f64,
-                        ),
-                    })?;
-            Some(workers)
+            Some(gram_pass_workers(
+                recipe,
+                &gptq_layers,
+                source,
+                self.memory_budget,
+            )?)
         };
         if let Some(manifest_path) = &self.calib_manifest {
             let manifest = Manifest::read(manifest_path, self.audio_root.as_deref())?;
@@ -999,6 +981,36 @@ where
     calibration::observe_with(t, set, decoder, exec, observer, |done, _, id| {
         if let Ok(mut progress) = sink.lock() {
             report(&mut progress, stage, done as u64, total, id);
+        }
+    })
+}
+
+/// How many utterances GPTQ's calibration pass may observe at once (each holds the Σ x xᵀ of
+/// every layer), within `budget` or else what the system has less two f32 copies of the model
+/// (the pass runs the smoothed model in f32, and the source's tensors are mapped beside it).
+fn gram_pass_workers(
+    recipe: &Recipe,
+    layers: &[&QuantizableLayer],
+    source: &Checkpoint,
+    budget: Option<u64>,
+) -> Result<usize> {
+    let per_copy = calibration::gram_bytes(layers.iter().map(|l| l.in_features));
+    let model_f32: u64 = source.tensors.values().map(|t| t.numel() as u64 * 4).sum();
+    let available =
+        budget.or_else(|| calibration::available_memory().map(|a| a.saturating_sub(2 * model_f32)));
+    let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+    calibration::gram_workers(per_copy, rayon::current_num_threads(), available).ok_or_else(|| {
+        Error::Recipe {
+            name: recipe.name.clone(),
+            message: format!(
+                "gptq: the Σ x xᵀ of its {} layers take {:.2} GiB per copy and the pass needs \
+                 three copies in three quarters of the memory, but {:.2} GiB is available for \
+                 them (beside two f32 copies of the model); end the recipe in `rtn` instead, or \
+                 select fewer layers (--ignore)",
+                layers.len(),
+                gib(per_copy),
+                gib(available.unwrap_or(0)),
+            ),
         }
     })
 }

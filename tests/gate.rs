@@ -279,3 +279,46 @@ fn an_entry_with_its_own_model_runs_when_configured_and_is_skipped_visibly_when_
         r.failures
     );
 }
+
+/// The gate files the project ships parse, every entry's recipe (built-in or a file of the
+/// repository) loads with its options, and every entry of calib/gate.toml that runs without a
+/// model of its own has its ci references and floors on both sets.
+#[test]
+fn the_shipped_gate_files_load() {
+    use oasr_quantize::gate::GateConfig;
+    use oasr_quantize::recipe::Recipe;
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    for file in [
+        "calib/gate.toml",
+        "benches/ablation.toml",
+        "benches/fp8-gpu.toml",
+    ] {
+        let gate = GateConfig::load(&root.join(file)).unwrap_or_else(|e| panic!("{file}: {e}"));
+        assert!(!gate.entries.is_empty(), "{file}");
+        for entry in &gate.entries {
+            let path = root.join(&entry.recipe);
+            let name = if path.is_file() {
+                path.to_string_lossy().into_owned()
+            } else {
+                entry.recipe.clone()
+            };
+            let mut recipe =
+                Recipe::load(&name).unwrap_or_else(|e| panic!("{file} {}: {e}", entry.name));
+            for (key, value) in &entry.options {
+                recipe
+                    .set_option(&format!("{key}={value}"))
+                    .unwrap_or_else(|e| panic!("{file} {}: {e}", entry.name));
+            }
+            if file == "calib/gate.toml" && entry.model.is_none() {
+                let ci = &entry.reference_wer["ci"];
+                for set in ["in_domain", "cross_domain"] {
+                    assert!(
+                        ci.contains_key(set),
+                        "{} has no ci reference on {set}",
+                        entry.name
+                    );
+                }
+            }
+        }
+    }
+}
