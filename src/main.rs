@@ -51,6 +51,11 @@ struct QuantizeArgs {
     /// `oasr-quantize recipes`), for comparison.
     #[arg(long)]
     quantize_kept: bool,
+    /// GiB that GPTQ's calibration pass may fill with its Σ x xᵀ matrices (default: the memory
+    /// available, less two f32 copies of the model); fewer utterances run at once to fit, with
+    /// the same result.
+    #[arg(long, value_name = "GIB")]
+    gptq_memory: Option<f64>,
     /// Module types to quantize: linear, pointwise_conv, conv1d, conv2d, conv, all (comma-separated).
     #[arg(long, value_name = "LIST")]
     module_types: Option<String>,
@@ -473,6 +478,13 @@ fn quantize(args: QuantizeArgs) -> Result<()> {
     }
     if let Some(list) = &args.module_types {
         q = q.module_types(ModuleKind::parse_list(list)?);
+    }
+    if let Some(gib) = args.gptq_memory {
+        anyhow::ensure!(
+            gib.is_finite() && gib > 0.0,
+            "--gptq-memory: {gib} is not a positive number of GiB"
+        );
+        q = q.memory_budget((gib * (1u64 << 30) as f64) as u64);
     }
     if let Some(manifest) = args.calib_manifest {
         q = q

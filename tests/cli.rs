@@ -114,6 +114,22 @@ fn errors_exit_non_zero_and_name_the_fault() {
     ])
     .contains("--module-types"));
     assert!(run(&[s, d, "--module-types", "linear,conv1d"]).contains("--calib-manifest"));
+    // GPTQ whose Σ x xᵀ cannot fit the budget is refused before calibration, naming the recipe.
+    let gptq = [
+        s,
+        d,
+        "--recipe",
+        "smoothquant_fp8_w8a8_gptq",
+        "--calib-manifest",
+        c,
+    ];
+    let e = run(&[&gptq[..], &["--gptq-memory", "0.01"]].concat());
+    assert!(
+        e.contains("smoothquant_fp8_w8a8_gptq") && e.contains("gptq:"),
+        "{e}"
+    );
+    assert!(run(&[&gptq[..], &["--gptq-memory", "0"]].concat()).contains("--gptq-memory"));
+    assert!(!dst.exists());
     // A search option that nothing would use, or that the architecture's search lacks.
     assert!(run(&[s, d, "--beam-size", "4"]).contains("--beam-size"));
     let e = run(&[
