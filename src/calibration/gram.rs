@@ -147,7 +147,7 @@ pub fn gram_bytes(in_features: impl IntoIterator<Item = usize>) -> u64 {
 /// observer of `per_copy` bytes, the merged one another, and one that finished ahead of its turn
 /// waits beside them; so the pass takes at most `threads` workers and as many as fit, with the
 /// same slack, in three quarters of `available` memory (None: unknown, no bound). At large-v3
-/// size one observer is about 10 GB, so the bound is what keeps such a run inside the machine.
+/// size one observer is about 3 GB, so the bound is what keeps such a run inside the machine.
 /// `None` when not even one worker fits: the caller refuses the run.
 pub fn gram_workers(per_copy: u64, threads: usize, available: Option<u64>) -> Option<usize> {
     let Some(available) = available else {
