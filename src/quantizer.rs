@@ -476,11 +476,14 @@ impl Quantizer {
         let mut calibration_record = None;
         // GPTQ's layers, and how many utterances its pass may hold at once; decided before any
         // pass runs, so a run that cannot fit is refused at once.
-        let gptq_layers: Vec<&QuantizableLayer> = selection
-            .selected
-            .iter()
-            .filter(|l| run_plan.gptq.is_some() && !l.kind.is_spatial_conv())
-            .collect();
+        let gptq_layers: Vec<&QuantizableLayer> = match run_plan.gptq {
+            Some(_) => selection
+                .selected
+                .iter()
+                .filter(|l| !l.kind.is_spatial_conv())
+                .collect(),
+            None => Vec::new(),
+        };
         let gram_workers = if gptq_layers.is_empty() || self.calib_manifest.is_none() {
             None
         } else {
