@@ -137,10 +137,8 @@ enum Command {
         /// The dtype the quantized GEMMs round to.
         #[arg(long, value_enum, default_value_t = ServedDtype::F16)]
         served_dtype: ServedDtype,
-        /// Where the quantized GEMMs and quantize steps run (cpu: the reference numerics; cuda:
-        /// GPU 0, int8 bit-identical to cpu).
-        #[arg(long, value_enum, default_value_t = VerifyDevice::Cpu)]
-        device: VerifyDevice,
+        #[command(flatten)]
+        lane: LaneArgs,
         /// Also break the error down per quantized layer: each layer's output error on the
         /// reference input, and its share of the logit error (one teacher-forced pass per layer
         /// and utterance, on the CPU). Adds `per_layer` to the JSON report.
@@ -289,6 +287,35 @@ impl From<ServedDtype> for oasr_quantize::numerics::OutDtype {
     }
 }
 
+/// Where a verify run's quantized GEMMs run, and how the CPU sums fp8.
+#[derive(Clone, Copy, clap::Args)]
+struct LaneArgs {
+    /// Where the quantized GEMMs and quantize steps run (cpu: the reference numerics; cuda:
+    /// GPU 0, int8 bit-identical to cpu).
+    #[arg(long, value_enum, default_value_t = VerifyDevice::Cpu)]
+    device: VerifyDevice,
+    /// How the CPU sums fp8 GEMMs: `sequential` (the reference: exact products summed in f32,
+    /// in K order) or `tensor-core` (a model of Hopper's fp8 tensor cores as the default wgmma
+    /// kernels run them, which predicts the GPU's figures; slower).
+    #[arg(long, value_enum, default_value_t = Fp8AccumulationArg::Sequential)]
+    fp8_accumulation: Fp8AccumulationArg,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum Fp8AccumulationArg {
+    Sequential,
+    TensorCore,
+}
+
+impl From<Fp8AccumulationArg> for oasr_quantize::numerics::Fp8Accumulation {
+    fn from(a: Fp8AccumulationArg) -> Self {
+        match a {
+            Fp8AccumulationArg::Sequential => Self::Sequential,
+            Fp8AccumulationArg::TensorCore => Self::TensorCore,
+        }
+    }
+}
+
 #[derive(Clone, Copy, clap::ValueEnum)]
 enum VerifyDevice {
     Cpu,
@@ -340,7 +367,7 @@ fn main() -> ExitCode {
             reference,
             run,
             served_dtype,
-            device,
+            lane,
             per_layer,
             search,
         }) => verify(
@@ -348,7 +375,7 @@ fn main() -> ExitCode {
             reference,
             run,
             served_dtype,
-            device,
+            lane,
             per_layer,
             search,
         ),
@@ -715,7 +742,7 @@ fn verify(
     reference: PathBuf,
     run: ManifestRun,
     served: ServedDtype,
-    device: VerifyDevice,
+    lane: LaneArgs,
     per_layer: bool,
     search: SearchArgs,
 ) -> Result<()> {
@@ -723,9 +750,10 @@ fn verify(
     let options = oasr_quantize::verify::VerifyOptions {
         limit: run.limit,
         served: served.into(),
-        device: device.into(),
+        device: lane.device.into(),
         per_layer,
         decode: search.into(),
+        fp8_accumulation: lane.fp8_accumulation.into(),
     };
     let report = oasr_quantize::verify::verify_with(
         &quantized,
@@ -741,6 +769,9 @@ fn verify(
     let pct = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{:.2}%", v * 100.0));
     println!("utterances:        {}", report.utterances);
     println!("quantized GEMMs on {}", report.device);
+    if report.fp8_accumulation == oasr_quantize::numerics::Fp8Accumulation::TensorCore {
+        println!("fp8 GEMMs on the CPU summed as Hopper's tensor cores sum them (the model)");
+    }
     println!(
         "WER full precision {}  quantized {}  delta {}",
         pct(report.wer_full_precision),

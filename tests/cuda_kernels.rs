@@ -717,6 +717,66 @@ fn many_tiles_per_cta_ragged_every_config() {
     }
 }
 
+/// `Fp8Accumulation::TensorCore` (verify's `--fp8-accumulation tensor-core`) models how the
+/// default wgmma kernels sum: where the GPU's f16 output differs from the reference's, the
+/// model gives the GPU's bits on most outputs, and it differs from the GPU on far fewer outputs
+/// than the reference does.
+#[test]
+fn fp8_tensor_core_model_predicts_the_wgmma_kernels() {
+    let Some(lane) = lane("fp8_tensor_core_model_predicts_the_wgmma_kernels") else {
+        return;
+    };
+    let info = lane.info();
+    let promote_changed = std::env::var("OASR_NVRTC_OPTIONS").is_ok_and(|o| o.contains("PROMOTE"));
+    if !info.arch.supports_wgmma() || info.gemm_path == GemmPath::Mma || promote_changed {
+        visible("SKIPPED: the model is of the default wgmma kernels (sm_90a, promotion every 128)");
+        return;
+    }
+    let dt = QuantDtype::Float8E4m3fn;
+    let mut rng = Rng::new(19);
+    for (m, n, k) in [(1500, 384, 384), (129, 384, 1536), (33, 200, 400)] {
+        let c = Case::new(&mut rng, dt, m, n, k);
+        let epi = c.epi(false, Activation::None, OutDtype::F16);
+        let gpu = c.gpu(lane, None, dt, true, &epi);
+        let reference = c.cpu(dt, true, &epi);
+        let model = numerics::scaled_mm_accumulating(
+            dt,
+            &c.a,
+            c.ascale(true),
+            &c.w,
+            &c.weight_scale,
+            m,
+            n,
+            k,
+            &epi,
+            numerics::Fp8Accumulation::TensorCore,
+        );
+        let differ = |x: &[u16]| gpu.iter().zip(x).filter(|(g, x)| g != x).count();
+        let (off_reference, off_model) = (differ(&reference), differ(&model));
+        let explained = gpu
+            .iter()
+            .zip(&reference)
+            .zip(&model)
+            .filter(|((g, r), t)| g != r && g == t)
+            .count();
+        visible(&format!(
+            "fp8 {m}x{n}x{k}: the GPU differs from the reference on {off_reference} of {} \
+             outputs, from the model on {off_model}; the model gives the GPU's bits on \
+             {explained} of the {off_reference}",
+            gpu.len()
+        ));
+        assert!(
+            off_reference > 0,
+            "{m}x{n}x{k}: no output to tell the sums apart"
+        );
+        assert!(
+            3 * off_model <= off_reference && 2 * explained >= off_reference,
+            "{m}x{n}x{k}: the model does not predict the GPU ({off_model} and {off_reference} \
+             outputs differ, {explained} explained)"
+        );
+    }
+}
+
 #[test]
 fn contract_violations_are_refused_not_run() {
     let Some(lane) = lane("contract_violations_are_refused_not_run") else {

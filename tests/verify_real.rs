@@ -70,3 +70,49 @@ fn verify_compares_the_quantized_model_with_full_precision() {
         "{err}"
     );
 }
+
+/// `--fp8-accumulation tensor-core` changes how the CPU sums fp8 GEMMs only: the fp8 figures
+/// move a little (the model truncates where the reference sums exactly), int8's do not move.
+#[test]
+fn the_tensor_core_model_moves_fp8_figures_and_leaves_int8_alone() {
+    use oasr_quantize::numerics::Fp8Accumulation;
+    use oasr_quantize::verify::{verify_with, VerifyOptions};
+    let tmp = tempfile::tempdir().unwrap();
+    let (_, gate) = common::manifests();
+    let manifest = Manifest::read(&gate, None).unwrap();
+    for (recipe, moves) in [("fp8_w8a8_rtn", true), ("int8_w8a8_rtn", false)] {
+        let q = tmp.path().join(recipe);
+        Quantizer::new(common::tiny_en(), &q)
+            .recipe(recipe)
+            .run()
+            .unwrap();
+        let run = |fp8_accumulation| {
+            let options = VerifyOptions {
+                limit: Some(1),
+                fp8_accumulation,
+                ..VerifyOptions::default()
+            };
+            verify_with(&q, &common::tiny_en(), &manifest, &options, |_, _, _| {}).unwrap()
+        };
+        let (sequential, modelled) = (
+            run(Fp8Accumulation::Sequential),
+            run(Fp8Accumulation::TensorCore),
+        );
+        assert_eq!(modelled.fp8_accumulation, Fp8Accumulation::TensorCore);
+        let (a, b) = (&sequential.teacher_forced, &modelled.teacher_forced);
+        assert_eq!(a.steps, b.steps);
+        if moves {
+            assert_ne!(
+                a.cosine_mean, b.cosine_mean,
+                "{recipe}: the model changed nothing"
+            );
+            assert!(
+                (a.cosine_mean - b.cosine_mean).abs() < 0.01,
+                "{recipe}: {a:?} {b:?}"
+            );
+        } else {
+            assert_eq!(a.cosine_mean, b.cosine_mean, "{recipe}");
+            assert_eq!(a.kl_mean, b.kl_mean, "{recipe}");
+        }
+    }
+}

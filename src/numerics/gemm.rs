@@ -29,6 +29,19 @@ impl ActScale<'_> {
     }
 }
 
+/// How an fp8 GEMM sums its products (int8 sums are exact either way).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Fp8Accumulation {
+    /// The reference: each accumulator an f32 sum from +0.0 over k = 0..K-1 of the exact
+    /// products, in that order.
+    #[default]
+    Sequential,
+    /// A model of Hopper's fp8 tensor cores as the default wgmma kernels run them
+    /// ([`super::tensor_core`]), so that a CPU figure predicts the GPU's.
+    TensorCore,
+}
+
 /// What the GEMM does after the accumulation: bias, activation, output dtype.
 #[derive(Clone, Copy, Debug)]
 pub struct GemmEpilogue<'a> {
@@ -118,6 +131,7 @@ fn gemm_map<T, F>(
     n: usize,
     k: usize,
     epi: &GemmEpilogue,
+    accumulation: Fp8Accumulation,
     finish: F,
 ) -> Vec<T>
 where
@@ -175,6 +189,17 @@ where
                             // `as` from i32 to f32 rounds to nearest even (__int2float_rn).
                             out_rows[r * n + j] = value(i, j, acc as f32);
                         }
+                    }
+                });
+        }
+        QuantDtype::Float8E4m3fn if accumulation == Fp8Accumulation::TensorCore => {
+            let acc = super::tensor_core::accumulators(a, w, m, n, k);
+            out.par_chunks_mut(n)
+                .zip(acc.par_chunks(n))
+                .enumerate()
+                .for_each(|(i, (out_row, acc_row))| {
+                    for (j, (o, &s)) in out_row.iter_mut().zip(acc_row).enumerate() {
+                        *o = value(i, j, s);
                     }
                 });
         }
@@ -242,10 +267,49 @@ pub fn scaled_mm(
     k: usize,
     epi: &GemmEpilogue,
 ) -> Vec<u16> {
+    scaled_mm_accumulating(
+        dtype,
+        a,
+        a_scale,
+        w,
+        weight_scale,
+        m,
+        n,
+        k,
+        epi,
+        Fp8Accumulation::Sequential,
+    )
+}
+
+/// [`scaled_mm`] with fp8's accumulation chosen: [`Fp8Accumulation::TensorCore`] models the GPU
+/// (verify's `--fp8-accumulation tensor-core`); the epilogue is the same.
+#[allow(clippy::too_many_arguments)]
+pub fn scaled_mm_accumulating(
+    dtype: QuantDtype,
+    a: &[u8],
+    a_scale: ActScale,
+    w: &[u8],
+    weight_scale: &[f32],
+    m: usize,
+    n: usize,
+    k: usize,
+    epi: &GemmEpilogue,
+    accumulation: Fp8Accumulation,
+) -> Vec<u16> {
     let out = epi.out;
-    gemm_map(dtype, a, a_scale, w, weight_scale, m, n, k, epi, |_, v| {
-        round_to_out(out, v)
-    })
+    gemm_map(
+        dtype,
+        a,
+        a_scale,
+        w,
+        weight_scale,
+        m,
+        n,
+        k,
+        epi,
+        accumulation,
+        |_, v| round_to_out(out, v),
+    )
 }
 
 /// The quantizing epilogue of a GEMM-chain producer: [`scaled_mm`]'s rounded output `y`,
@@ -269,8 +333,21 @@ pub fn scaled_mm_quant(
 ) -> Vec<u8> {
     let mult = static_multipliers(n, consumer_smooth_inv, consumer_input_scale);
     let out = epi.out;
-    gemm_map(dtype, a, a_scale, w, weight_scale, m, n, k, epi, |j, v| {
-        let y = out_bits_to_f32(out, round_to_out(out, v));
-        encode(out_dtype8, y * mult[j])
-    })
+    let sequential = Fp8Accumulation::Sequential;
+    gemm_map(
+        dtype,
+        a,
+        a_scale,
+        w,
+        weight_scale,
+        m,
+        n,
+        k,
+        epi,
+        sequential,
+        |j, v| {
+            let y = out_bits_to_f32(out, round_to_out(out, v));
+            encode(out_dtype8, y * mult[j])
+        },
+    )
 }

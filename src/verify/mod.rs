@@ -25,7 +25,7 @@ use crate::format::{QuantDtype, QuantizationSpec};
 use crate::manifest::{Manifest, Utterance};
 use crate::models::exec::{activate, ce, to_vec, FullPrecision, Linear, LinearExec};
 use crate::models::{DecodeOptions, Decoding, SpeechModel};
-use crate::numerics::{self, ActScale, Activation, GemmEpilogue, OutDtype};
+use crate::numerics::{self, ActScale, Activation, Fp8Accumulation, GemmEpilogue, OutDtype};
 use crate::wer::{word_errors, WordErrors};
 
 /// One quantized layer as stored in a v2 checkpoint.
@@ -39,6 +39,8 @@ struct QuantizedLayer {
     input_scale: Option<f32>,
     bias: Option<Vec<f32>>,
     n: usize,
+    /// How an fp8 GEMM sums on the CPU ([`VerifyOptions::fp8_accumulation`]).
+    accumulation: Fp8Accumulation,
 }
 
 /// Runs the quantized layers with the reference numerics; the rest in f32.
@@ -109,7 +111,7 @@ impl QuantizedLayer {
         let out = match self.input_scale {
             Some(scale) => {
                 let codes = numerics::quantize_static(values, rows, k, smooth, scale, self.dtype);
-                numerics::scaled_mm(
+                numerics::scaled_mm_accumulating(
                     self.dtype,
                     &codes,
                     ActScale::PerTensor(scale),
@@ -119,6 +121,7 @@ impl QuantizedLayer {
                     self.n,
                     k,
                     &epi,
+                    self.accumulation,
                 )
             }
             None => {
@@ -128,7 +131,7 @@ impl QuantizedLayer {
                 } else {
                     numerics::quantize_per_token(values, rows, k, smooth, self.dtype)
                 };
-                numerics::scaled_mm(
+                numerics::scaled_mm_accumulating(
                     self.dtype,
                     &a.codes,
                     ActScale::PerRow(&a.scales),
@@ -138,6 +141,7 @@ impl QuantizedLayer {
                     self.n,
                     k,
                     &epi,
+                    self.accumulation,
                 )
             }
         };
@@ -225,6 +229,7 @@ impl QuantizedModel {
                 n,
                 weight_scale,
                 codes,
+                accumulation: Fp8Accumulation::Sequential,
             };
             // The f32 model needs a float weight of the right shape to load; QuantizedExec runs
             // every quantized layer, so its values are never read, and zeros that are never
@@ -257,6 +262,15 @@ impl QuantizedModel {
             links,
             spec,
         })
+    }
+
+    /// Sums this model's fp8 GEMMs on the CPU as `accumulation` says (the reference:
+    /// [`Fp8Accumulation::Sequential`]).
+    pub fn with_fp8_accumulation(mut self, accumulation: Fp8Accumulation) -> Self {
+        for layer in self.layers.values_mut() {
+            layer.accumulation = accumulation;
+        }
+        self
     }
 
     pub fn exec(&self, served: OutDtype) -> QuantizedExec<'_> {
@@ -721,6 +735,9 @@ pub struct VerifyReport {
     /// Where the quantized model's GEMMs ran: `cpu` (the reference numerics) or
     /// `cuda (<GPU name>, <architecture>)`.
     pub device: String,
+    /// How the CPU lane summed fp8 GEMMs: `sequential` (the reference) or `tensor-core` (the
+    /// model of Hopper's accumulation). The GPU lane runs its kernels whatever this says.
+    pub fp8_accumulation: Fp8Accumulation,
     pub utterances: usize,
     pub wer_full_precision: Option<f64>,
     pub wer_quantized: Option<f64>,
@@ -893,8 +910,7 @@ pub fn verify_on(
         limit,
         served,
         device,
-        per_layer: false,
-        decode: DecodeOptions::default(),
+        ..VerifyOptions::default()
     };
     verify_with(quantized, reference, manifest, &options, progress)
 }
@@ -916,6 +932,9 @@ pub struct VerifyOptions {
     pub per_layer: bool,
     /// The search both models decode with (the architecture's default unless given).
     pub decode: DecodeOptions,
+    /// How the CPU sums fp8 GEMMs: the reference's exact f32 order, or a model of Hopper's
+    /// tensor cores that predicts what the GPU serves (docs/numerics.md).
+    pub fp8_accumulation: Fp8Accumulation,
 }
 
 impl Default for VerifyOptions {
@@ -926,6 +945,7 @@ impl Default for VerifyOptions {
             device: VerifyDevice::Cpu,
             per_layer: false,
             decode: DecodeOptions::default(),
+            fp8_accumulation: Fp8Accumulation::Sequential,
         }
     }
 }
@@ -963,6 +983,7 @@ pub fn verify_many(
         device,
         per_layer: with_layers,
         ref decode,
+        fp8_accumulation,
     } = *options;
     crate::transcribe::check_limit(limit)?;
     // Without CUDA, refused before the models load (with it, opening the lanes checks the GPU).
@@ -979,7 +1000,11 @@ pub fn verify_many(
     let models = quantized
         .iter()
         .enumerate()
-        .map(|(i, path)| QuantizedModel::load_with(path, decode).map_err(|e| named(i, e)))
+        .map(|(i, path)| {
+            QuantizedModel::load_with(path, decode)
+                .map(|q| q.with_fp8_accumulation(fp8_accumulation))
+                .map_err(|e| named(i, e))
+        })
         .collect::<Result<Vec<_>>>()?;
     // Checked before any work: a checkpoint without its smoothing factors is refused here.
     let plans = models
@@ -1063,6 +1088,7 @@ pub fn verify_many(
                 manifest: manifest.path.display().to_string(),
                 served_dtype: served,
                 device: lane.name(),
+                fp8_accumulation,
                 utterances: chosen.len(),
                 wer_full_precision: total.wer_full_precision,
                 wer_quantized: total.wer_quantized,

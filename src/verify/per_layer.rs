@@ -978,6 +978,7 @@ mod tests {
             input_scale: None,
             bias: Some(bias.iter().zip(&s_out).map(|(b, s)| b / s).collect()),
             n,
+            accumulation: Default::default(),
         };
         let x_t = Tensor::from_vec(x.clone(), (rows, k), &Device::Cpu).unwrap();
         let error = |input_div: Option<Vec<f32>>, output_mul: Option<Vec<f32>>| {
