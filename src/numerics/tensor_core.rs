@@ -14,7 +14,7 @@
 /// K elements per wgmma step (one block of the model).
 const STEP: usize = 32;
 /// K elements per promotion unit of the default wgmma kernel (`OASR_WGMMA_FP8_PROMOTE`).
-pub const PROMOTE: usize = 128;
+const PROMOTE: usize = 128;
 /// Bits the block keeps below its largest exponent.
 const KEPT_BITS: i32 = 13;
 
