@@ -193,15 +193,7 @@ where
                 });
         }
         QuantDtype::Float8E4m3fn if accumulation == Fp8Accumulation::TensorCore => {
-            let acc = super::tensor_core::accumulators(a, w, m, n, k);
-            out.par_chunks_mut(n)
-                .zip(acc.par_chunks(n))
-                .enumerate()
-                .for_each(|(i, (out_row, acc_row))| {
-                    for (j, (o, &s)) in out_row.iter_mut().zip(acc_row).enumerate() {
-                        *o = value(i, j, s);
-                    }
-                });
+            super::tensor_core::fill(a, w, n, k, &mut out, value);
         }
         QuantDtype::Float8E4m3fn => {
             let lut = e4m3_decode_table();

@@ -95,39 +95,54 @@ unsafe fn dot_avx2(a: (&[f64], &[i32]), w: (&[f64], &[i32])) -> f32 {
     dot(a, w)
 }
 
-/// The accumulators `[m, n]` of `a` `[m, k]` times `w` `[n, k]` transposed, as the model sums
-/// them: the tensor-core counterpart of the reference's exact f32 sums, which
-/// [`super::scaled_mm`]'s epilogue then takes unchanged.
-pub(crate) fn accumulators(a: &[u8], w: &[u8], m: usize, n: usize, k: usize) -> Vec<f32> {
+/// Fills `out` `[m, n]` with `value(i, j, acc)`, where `acc` is row i of `a` `[m, k]` times row j
+/// of `w` `[n, k]` as the model sums it: the tensor-core counterpart of the reference's exact f32
+/// sums, handed to the same epilogue.
+pub(crate) fn fill<T: Send>(
+    a: &[u8],
+    w: &[u8],
+    n: usize,
+    k: usize,
+    out: &mut [T],
+    value: impl Fn(usize, usize, f32) -> T + Sync,
+) {
     use rayon::prelude::*;
     let terms = e4m3_terms();
     let wd = Decoded::new(&terms, w);
     #[cfg(target_arch = "x86_64")]
     let avx2 = is_x86_feature_detected!("avx2");
-    let mut out = vec![0f32; m * n];
     out.par_chunks_mut(n.max(1))
         .enumerate()
         .for_each(|(i, row)| {
             let ad = Decoded::new(&terms, &a[i * k..(i + 1) * k]);
+            let ai = (&ad.values[..], &ad.log2[..]);
             for (j, o) in row.iter_mut().enumerate() {
-                let ai = (&ad.values[..], &ad.log2[..]);
                 let wj = (&wd.values[j * k..(j + 1) * k], &wd.log2[j * k..(j + 1) * k]);
                 #[cfg(target_arch = "x86_64")]
-                if avx2 {
-                    // SAFETY: the CPU has AVX2 (checked above).
-                    *o = unsafe { dot_avx2(ai, wj) };
-                    continue;
-                }
-                *o = dot(ai, wj);
+                // SAFETY: dot_avx2 runs only where the CPU has AVX2 (checked above).
+                let acc = if avx2 {
+                    unsafe { dot_avx2(ai, wj) }
+                } else {
+                    dot(ai, wj)
+                };
+                #[cfg(not(target_arch = "x86_64"))]
+                let acc = dot(ai, wj);
+                *o = value(i, j, acc);
             }
         });
-    out
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::numerics::{e4m3_decode, e4m3_encode};
+
+    /// The model's accumulators, `[m, n]`.
+    fn accumulators(a: &[u8], w: &[u8], m: usize, n: usize, k: usize) -> Vec<f32> {
+        let mut out = vec![0f32; m * n];
+        fill(a, w, n, k, &mut out, |_, _, acc| acc);
+        out
+    }
 
     fn codes(values: &[f32]) -> Vec<u8> {
         values.iter().map(|&v| e4m3_encode(v)).collect()
