@@ -345,11 +345,12 @@ fn restore_sigpipe() {
 }
 
 /// The forward allocates and frees activations of megabytes per layer (an encoder layer's fc1
-/// output is 9 MB on tiny.en). glibc's default gives each back to the kernel when it is freed,
-/// and the next one is faulted in again page by page: a million page faults and a tenth of the
-/// run on a 16-utterance calibration. So keep freed memory in the heap (map separately only
-/// above 32 MiB, glibc's largest threshold, and never trim); peak RSS does not grow, since the
-/// heap is reused at the same peak. A user's own `GLIBC_TUNABLES` for malloc wins.
+/// output is 9 MB on tiny.en). glibc's default may give each back to the kernel when it is
+/// freed, and the next one is faulted in again page by page (4.8 million faults, a sixth of a
+/// 128-utterance calibration's wall time, measured on 2 cores). So keep freed memory in the heap
+/// (map separately only above 32 MiB, glibc's largest threshold, and never trim); the peak RSS
+/// stays where it was, since the heap is reused up to the same peak. A user's own
+/// `GLIBC_TUNABLES` for malloc wins.
 fn keep_freed_memory() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     if !std::env::var("GLIBC_TUNABLES").is_ok_and(|t| t.contains("glibc.malloc.")) {
