@@ -29,13 +29,15 @@ mkdir -p "$W"
 cores=$(nproc)
 echo "$cores cores; $(grep -m1 'model name' /proc/cpuinfo)" | tee -a "$OUT/scaling.tsv"
 if [[ -n ${PROCESSES:-} ]]; then
+    per=8
+    # Slices beside the manifest, whose audio paths are relative to its directory.
     dir=$(dirname "$OASR_CALIB_MANIFEST")
     for n in $PROCESSES; do
         ((n <= cores)) || continue
         start=$(date +%s%N)
         for ((i = 0; i < n; i++)); do
             slice="$dir/.slice-$i.jsonl"
-            sed -n "$((i * 8 + 1)),$((i * 8 + 8))p" "$OASR_CALIB_MANIFEST" >"$slice"
+            sed -n "$((i * per + 1)),$((i * per + per))p" "$OASR_CALIB_MANIFEST" >"$slice"
             /usr/bin/time -f "%e %U" -o "$W/time-$i" env RAYON_NUM_THREADS=1 taskset -c "$i" \
                 "$B" "$OASR_WHISPER_TINY_EN" "$W/out-$i" --recipe "${1:-smoothquant_w8a8}" \
                 --calib-manifest "$slice" --overwrite >"$W/log-$i" 2>&1 &
@@ -43,9 +45,9 @@ if [[ -n ${PROCESSES:-} ]]; then
         wait
         end=$(date +%s%N)
         if grep -l 'non-zero' "$W"/time-*; then cat "$W"/log-*; exit 1; fi
-        cat "$W"/time-* | awk -v n="$n" -v ns=$((end - start)) '{u += $2} END {
+        cat "$W"/time-* | awk -v n="$n" -v per="$per" -v ns=$((end - start)) '{u += $2} END {
             printf "processes\t%d\twall %.2f s\tuser %.2f s\tuser per utterance %.3f s\n",
-                n, ns / 1e9, u, u / (8 * n) }' | tee -a "$OUT/scaling.tsv"
+                n, ns / 1e9, u, u / (per * n) }' | tee -a "$OUT/scaling.tsv"
         rm -f "$W"/time-* "$dir"/.slice-*.jsonl
     done
     exit 0
