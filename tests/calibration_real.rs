@@ -407,12 +407,12 @@ fn smoothquant_recipe_smooths_through_folds_only() {
     for (name, layer) in &spec.layers {
         assert_ne!(layer.smooth, SmoothFold::Runtime, "{name}");
     }
-    assert_eq!(spec.layers["encoder.layers.0.fc2"].smooth, SmoothFold::None);
-    // The decoder's fc2 stays full precision (keep_full_precision), its weight the source's.
-    common::assert_decoder_fc2_kept(spec);
+    assert_eq!(spec.layers["encoder.layers.1.fc2"].smooth, SmoothFold::None);
+    // The kept layers (keep_full_precision) stay full precision, their weights the source's: no
+    // smoothing factor is folded into a layer that is not quantized.
+    common::assert_recipe_keeps(spec);
     let source = Checkpoint::open(&common::tiny_en()).unwrap();
-    for i in 0..4 {
-        let name = format!("decoder.layers.{i}.fc2");
+    for name in common::recipe_kept_layers() {
         let w = format!("{name}.weight");
         assert_eq!(out.tensors[&w].bytes(), source.tensors[&w].bytes(), "{w}");
         assert!(
@@ -421,7 +421,7 @@ fn smoothquant_recipe_smooths_through_folds_only() {
         );
     }
     assert_eq!(
-        spec.layers["encoder.layers.0.fc1"].smooth,
+        spec.layers["encoder.layers.1.fc1"].smooth,
         SmoothFold::NormAffine
     );
     let options = &spec.producer.algorithms[0].options;
@@ -554,13 +554,13 @@ fn gptq_recipe_fits_its_pass_in_the_memory_budget() {
             layers += 1;
         }
     }
-    // tiny.en's 64 GEMMs less the decoder's four fc2 the recipe keeps.
-    assert_eq!(layers, 60);
+    // tiny.en's 64 GEMMs less the ten the recipe keeps.
+    assert_eq!(layers, 54);
     assert!(gptq < 0.7 * rtn, "GPTQ {gptq} against RTN {rtn}");
 
-    // One copy of Σ x xᵀ: the encoder's q, k, v, out_proj and fc1 read 384 channels and fc2
-    // 1536; the decoder's nine kept-quantized GEMMs read 384.
-    let widths = (0..4)
+    // One copy of Σ x xᵀ: the quantized encoder layers' (1 to 3) q, k, v, out_proj and fc1 read
+    // 384 channels and fc2 1536; the decoder's nine quantized GEMMs read 384.
+    let widths = (0..3)
         .flat_map(|_| [384, 384, 384, 384, 384, 1536])
         .chain((0..4 * 9).map(|_| 384));
     let per_copy = calibration::gram_bytes(widths);

@@ -220,12 +220,27 @@ pub fn write_wav(path: &Path, sample_rate: u32, samples: usize, sample: impl Fn(
     w.finalize().unwrap();
 }
 
-/// A SmoothQuant recipe's spec: 60 quantized layers, the decoder's four fc2 kept full precision
-/// by the recipe's `keep_full_precision`, and recorded as skipped for that reason.
-pub fn assert_decoder_fc2_kept(spec: &oasr_quantize::format::QuantizationSpec) {
-    assert_eq!(spec.layers.len(), 60);
-    for i in 0..4 {
-        let name = format!("decoder.layers.{i}.fc2");
+/// The layers every SmoothQuant recipe keeps full precision on tiny.en (`keep_full_precision`):
+/// the decoder's four fc2 and the six GEMMs of the first encoder layer.
+pub fn recipe_kept_layers() -> Vec<String> {
+    let decoder_fc2 = (0..4).map(|i| format!("decoder.layers.{i}.fc2"));
+    let encoder_0 = [
+        "self_attn.q_proj",
+        "self_attn.k_proj",
+        "self_attn.v_proj",
+        "self_attn.out_proj",
+        "fc1",
+        "fc2",
+    ]
+    .map(|g| format!("encoder.layers.0.{g}"));
+    decoder_fc2.chain(encoder_0).collect()
+}
+
+/// A SmoothQuant recipe's spec: 54 of tiny.en's 64 GEMMs quantized, the ten of
+/// [`recipe_kept_layers`] kept full precision and recorded as skipped for that reason.
+pub fn assert_recipe_keeps(spec: &oasr_quantize::format::QuantizationSpec) {
+    assert_eq!(spec.layers.len(), 54);
+    for name in recipe_kept_layers() {
         assert!(!spec.layers.contains_key(&name), "{name}");
         assert!(
             spec.producer.skipped[&name].contains("keep_full_precision"),
