@@ -233,7 +233,7 @@ impl Linear {
         let w_t = self.weight.t().map_err(ce(&self.name))?;
         let y = matmul(x, &w_t, &self.name)?;
         match &self.bias {
-            Some(b) => y.broadcast_add(b).map_err(ce(&self.name)),
+            Some(b) => add(&y, b, &self.name),
             None => Ok(y),
         }
     }
@@ -266,6 +266,50 @@ pub(crate) fn to_vec(x: &Tensor, what: &str) -> Result<Vec<f32>> {
     x.flatten_all()
         .and_then(|f| f.to_vec1::<f32>())
         .map_err(ce(what))
+}
+
+/// `a + b` for f32 CPU tensors, where `b`'s shape is `a`'s or a suffix of it (a bias over rows,
+/// positions over a batch). Candle hands an elementwise op of 64 Ki elements or more to one
+/// process-wide pool behind one lock, which serialised the threads that each run an utterance
+/// (calibration, verify) on every residual and bias add: at 16 threads that lock, not the work,
+/// set the pace (BENCHMARKS.md). The sums are the same bits: one f32 addition per element.
+pub(crate) fn add(a: &Tensor, b: &Tensor, what: &str) -> Result<Tensor> {
+    use rayon::prelude::*;
+    let (dims, b_dims) = (a.dims(), b.dims());
+    if b_dims.len() > dims.len() || dims[dims.len() - b_dims.len()..] != *b_dims {
+        return Err(Error::Model {
+            what: what.to_string(),
+            message: format!("cannot add {b_dims:?} to {dims:?}"),
+        });
+    }
+    let shape = a.shape().clone();
+    let mut sum = to_vec(a, what)?;
+    // `b` read in place: a residual is as large as `a`, and a copy of it raised the peak.
+    let b = b.contiguous().map_err(ce(what))?;
+    let (storage, layout) = b.storage_and_layout();
+    let (Storage::Cpu(CpuStorage::F32(values)), Some((start, end))) =
+        (&*storage, layout.contiguous_offsets())
+    else {
+        return Err(Error::Model {
+            what: what.to_string(),
+            message: "the forward adds f32 CPU tensors".into(),
+        });
+    };
+    let rhs = &values[start..end];
+    if rhs.is_empty() {
+        return Tensor::from_vec(sum, shape, &Device::Cpu).map_err(ce(what));
+    }
+    // Whole copies of `b`, about 16 Ki elements a task where the forward may split its work.
+    let chunk = rhs.len() * (16 * 1024 / rhs.len()).max(1);
+    let tasks = sum.len().div_ceil(chunk);
+    sum.par_chunks_mut(chunk)
+        .with_min_len(min_task_len(tasks))
+        .for_each(|part| {
+            for row in part.chunks_mut(rhs.len()) {
+                row.iter_mut().zip(rhs).for_each(|(s, r)| *s += r);
+            }
+        });
+    Tensor::from_vec(sum, shape, &Device::Cpu).map_err(ce(what))
 }
 
 /// `activation` of every element with the reference numerics (`crate::numerics`), so the
@@ -322,6 +366,40 @@ pub(crate) mod tests {
         assert!(inner_parallelism(), "the scope must end with its closure");
         assert_eq!(split, alone);
         assert_eq!(split, contiguous);
+    }
+
+    /// The project's add gives candle's bits for the forward's three shapes (a residual, a bias
+    /// over rows, positions under a batch), split across the pool or on one thread, and refuses
+    /// a shape that does not broadcast.
+    #[test]
+    fn add_is_candles_sum_without_its_pool() {
+        let tensor = |shape: &[usize], seed| {
+            let n = shape.iter().product();
+            Tensor::from_vec(values(n, seed), shape, &Device::Cpu).unwrap()
+        };
+        let bits = |y: Tensor| -> Vec<u32> {
+            let v = y.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            v.iter().map(|f| f.to_bits()).collect()
+        };
+        for (a, b) in [
+            (vec![1500, 384], vec![1500, 384]),
+            (vec![1500, 1536], vec![1536]),
+            (vec![2, 700, 384], vec![700, 384]),
+            (vec![3, 5], vec![5]),
+        ] {
+            let (a, b) = (tensor(&a, 5), tensor(&b, 6));
+            let candle = bits(a.broadcast_add(&b).unwrap());
+            let ours = add(&a, &b, "test").unwrap();
+            assert_eq!(ours.dims(), a.dims());
+            assert_eq!(bits(ours), candle);
+            let alone = one_utterance(usize::MAX, || add(&a, &b, "test")).unwrap();
+            assert_eq!(bits(alone), candle);
+        }
+        let err = add(&tensor(&[4, 6], 1), &tensor(&[4], 2), "encoder").unwrap_err();
+        assert!(
+            err.to_string().contains("cannot add [4] to [4, 6]"),
+            "{err}"
+        );
     }
 
     /// Depths below, at and across the chunk size, with a ragged last chunk: every chunk is

@@ -14,7 +14,7 @@ use super::WhisperConfig;
 use crate::checkpoint::Checkpoint;
 use crate::error::{Error, Result};
 use crate::models::exec::{
-    activate, ce, matmul, min_task_len, strided_gemm, to_vec, Linear, LinearExec,
+    activate, add, ce, matmul, min_task_len, strided_gemm, to_vec, Linear, LinearExec,
 };
 use crate::models::gemv;
 use crate::numerics::Activation;
@@ -642,8 +642,11 @@ impl Whisper {
                 ),
             });
         }
-        x.broadcast_add(&self.encoder_positions.i(..len).map_err(ce(what))?)
-            .map_err(ce(what))
+        add(
+            &x,
+            &self.encoder_positions.i(..len).map_err(ce(what))?,
+            what,
+        )
     }
 
     fn encoder_layer(
@@ -655,8 +658,8 @@ impl Whisper {
         let what = "encoder";
         let h = layer.attn_norm.forward(&x)?;
         let kv = layer.attn.keys_values(exec, &h)?;
-        let x = (x + layer.attn.attend(exec, &h, &kv, None)?).map_err(ce(what))?;
-        (&x + layer.ffn.forward(exec, &x)?).map_err(ce(what))
+        let x = add(&x, &layer.attn.attend(exec, &h, &kv, None)?, what)?;
+        add(&x, &layer.ffn.forward(exec, &x)?, what)
     }
 
     /// A fresh decoder state over an encoder output (computes the cross-attention keys/values).
@@ -717,24 +720,32 @@ impl Whisper {
             });
         }
         let ids = Tensor::new(tokens, &Device::Cpu).map_err(ce(what))?;
-        let mut x = self
-            .embed_tokens
-            .index_select(&ids, 0)
-            .and_then(|e| e + self.decoder_positions.i(start..start + n)?)
+        let embedded = self.embed_tokens.index_select(&ids, 0).map_err(ce(what))?;
+        let positions = self
+            .decoder_positions
+            .i(start..start + n)
             .map_err(ce(what))?;
+        let mut x = add(&embedded, &positions, what)?;
         for (i, layer) in self.decoder_layers.iter().enumerate() {
             let h = layer.self_norm.forward(&x)?;
             let new = layer.self_attn.keys_values(exec, &h)?;
             let cache = &mut state.self_kv[i];
             cache.keys.extend_from_slice(&new.keys);
             cache.values.extend_from_slice(&new.values);
-            x = (x + layer.self_attn.attend(exec, &h, cache, Some(start))?).map_err(ce(what))?;
+            x = add(
+                &x,
+                &layer.self_attn.attend(exec, &h, cache, Some(start))?,
+                what,
+            )?;
             let h = layer.cross_norm.forward(&x)?;
-            x = (x + layer
-                .cross_attn
-                .attend(exec, &h, &state.cross_kv[i], None)?)
-            .map_err(ce(what))?;
-            x = (&x + layer.ffn.forward(exec, &x)?).map_err(ce(what))?;
+            x = add(
+                &x,
+                &layer
+                    .cross_attn
+                    .attend(exec, &h, &state.cross_kv[i], None)?,
+                what,
+            )?;
+            x = add(&x, &layer.ffn.forward(exec, &x)?, what)?;
         }
         state.position = start + n;
         let x = self.decoder_norm.forward(&x)?;
