@@ -452,7 +452,12 @@ fn the_export_matches_what_compressed_tensors_writes() {
     let want = config(&fixture);
     let static_group = want["quantization_config"]["config_groups"]["group_1"].clone();
     let native = tmp.path().join("fused");
-    quantize(&native, "smoothquant_w8a8_fused", &[]);
+    // The recipe's error guard declines tiny.en's int8 chains; a looser one arms them.
+    quantize(
+        &native,
+        "smoothquant_w8a8_fused",
+        &["static_inputs.max_error_ratio=1000"],
+    );
     let out = tmp.path().join("fused-ct");
     export(&native, &out, CT, false).unwrap();
     let got = config(&out);

@@ -213,7 +213,7 @@ fn int8_fused_recipe_writes_static_fc2_armed_chains_and_bit_identical_links() {
     // static_alpha.
     for l in &report.layers {
         let static_consumer = l.name.starts_with("encoder.") && l.name.ends_with(".fc2");
-        let expected = if static_consumer { 0.7 } else { 0.5 };
+        let expected = if static_consumer { 0.7 } else { 0.6 };
         assert_eq!(l.smoothing_alpha, Some(expected), "{}", l.name);
     }
     assert_eq!(
