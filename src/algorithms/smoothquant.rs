@@ -8,7 +8,7 @@ use super::WorkingTensors;
 use crate::calibration::AbsMaxObserver;
 use crate::error::{Error, Result};
 use crate::format::SmoothFold;
-use crate::models::exec::{ce, Linear, LinearExec};
+use crate::models::exec::{scale_columns, Linear, LinearExec};
 use crate::models::{QuantizationLayout, SmoothGroup};
 
 /// The largest finite f16.
@@ -319,11 +319,7 @@ pub struct RuntimeSmoothedExec<'a> {
 impl LinearExec for RuntimeSmoothedExec<'_> {
     fn linear(&mut self, layer: &Linear, x: &candle_core::Tensor) -> Result<candle_core::Tensor> {
         match self.smooth_inv.get(&layer.name) {
-            Some(inv) => {
-                let inv = candle_core::Tensor::from_slice(inv, inv.len(), x.device())
-                    .map_err(ce(&layer.name))?;
-                layer.forward(&x.broadcast_mul(&inv).map_err(ce(&layer.name))?)
-            }
+            Some(inv) => layer.forward(&scale_columns(x, inv, &layer.name)?),
             None => layer.forward(x),
         }
     }

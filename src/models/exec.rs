@@ -274,7 +274,6 @@ pub(crate) fn to_vec(x: &Tensor, what: &str) -> Result<Vec<f32>> {
 /// (calibration, verify) on every residual and bias add: at 16 threads that lock, not the work,
 /// set the pace (BENCHMARKS.md). The sums are the same bits: one f32 addition per element.
 pub(crate) fn add(a: &Tensor, b: &Tensor, what: &str) -> Result<Tensor> {
-    use rayon::prelude::*;
     let (dims, b_dims) = (a.dims(), b.dims());
     if b_dims.len() > dims.len() || dims[dims.len() - b_dims.len()..] != *b_dims {
         return Err(Error::Model {
@@ -282,8 +281,6 @@ pub(crate) fn add(a: &Tensor, b: &Tensor, what: &str) -> Result<Tensor> {
             message: format!("cannot add {b_dims:?} to {dims:?}"),
         });
     }
-    let shape = a.shape().clone();
-    let mut sum = to_vec(a, what)?;
     // `b` read in place: a residual is as large as `a`, and a copy of it raised the peak.
     let b = b.contiguous().map_err(ce(what))?;
     let (storage, layout) = b.storage_and_layout();
@@ -295,21 +292,45 @@ pub(crate) fn add(a: &Tensor, b: &Tensor, what: &str) -> Result<Tensor> {
             message: "the forward adds f32 CPU tensors".into(),
         });
     };
-    let rhs = &values[start..end];
-    if rhs.is_empty() {
-        return Tensor::from_vec(sum, shape, &Device::Cpu).map_err(ce(what));
-    }
-    // Whole copies of `b`, about 16 Ki elements a task where the forward may split its work.
-    let chunk = rhs.len() * (16 * 1024 / rhs.len()).max(1);
-    let tasks = sum.len().div_ceil(chunk);
-    sum.par_chunks_mut(chunk)
-        .with_min_len(min_task_len(tasks))
-        .for_each(|part| {
-            for row in part.chunks_mut(rhs.len()) {
-                row.iter_mut().zip(rhs).for_each(|(s, r)| *s += r);
-            }
+    with_each_copy(a, &values[start..end], what, |s, r| *s += r)
+}
+
+/// `x` with each column multiplied by its factor (`factors` as long as `x`'s last dimension):
+/// a runtime smoother, off candle's locked pool like [`add`].
+pub(crate) fn scale_columns(x: &Tensor, factors: &[f32], what: &str) -> Result<Tensor> {
+    if x.dims().last() != Some(&factors.len()) {
+        return Err(Error::Model {
+            what: what.to_string(),
+            message: format!("{} factors for an input {:?}", factors.len(), x.dims()),
         });
-    Tensor::from_vec(sum, shape, &Device::Cpu).map_err(ce(what))
+    }
+    with_each_copy(x, factors, what, |v, f| *v *= f)
+}
+
+/// `a`'s values combined by `op` with `rhs`, which repeats over them (`a.elem_count()` is a
+/// multiple of its length, checked by the callers through the shapes).
+fn with_each_copy(
+    a: &Tensor,
+    rhs: &[f32],
+    what: &str,
+    op: impl Fn(&mut f32, f32) + Sync,
+) -> Result<Tensor> {
+    use rayon::prelude::*;
+    let shape = a.shape().clone();
+    let mut out = to_vec(a, what)?;
+    if !rhs.is_empty() {
+        // Whole copies of `rhs`, about 16 Ki elements a task where the forward may split its work.
+        let chunk = rhs.len() * (16 * 1024 / rhs.len()).max(1);
+        let tasks = out.len().div_ceil(chunk);
+        out.par_chunks_mut(chunk)
+            .with_min_len(min_task_len(tasks))
+            .for_each(|part| {
+                for row in part.chunks_mut(rhs.len()) {
+                    row.iter_mut().zip(rhs).for_each(|(v, &r)| op(v, r));
+                }
+            });
+    }
+    Tensor::from_vec(out, shape, &Device::Cpu).map_err(ce(what))
 }
 
 /// `activation` of every element with the reference numerics (`crate::numerics`), so the
@@ -369,10 +390,10 @@ pub(crate) mod tests {
     }
 
     /// The project's add gives candle's bits for the forward's three shapes (a residual, a bias
-    /// over rows, positions under a batch), split across the pool or on one thread, and refuses
-    /// a shape that does not broadcast.
+    /// over rows, positions under a batch), split across the pool or on one thread, as does the
+    /// column scaling of a runtime smoother; shapes that do not broadcast are refused.
     #[test]
-    fn add_is_candles_sum_without_its_pool() {
+    fn add_and_scale_columns_are_candles_bits_without_its_pool() {
         let tensor = |shape: &[usize], seed| {
             let n = shape.iter().product();
             Tensor::from_vec(values(n, seed), shape, &Device::Cpu).unwrap()
@@ -395,6 +416,15 @@ pub(crate) mod tests {
             let alone = one_utterance(usize::MAX, || add(&a, &b, "test")).unwrap();
             assert_eq!(bits(alone), candle);
         }
+        // The runtime smoother's column scaling, against candle's broadcast_mul.
+        let (x, f) = (tensor(&[1500, 1536], 7), values(1536, 8));
+        let candle = bits(
+            x.broadcast_mul(&Tensor::from_slice(&f, 1536, &Device::Cpu).unwrap())
+                .unwrap(),
+        );
+        assert_eq!(bits(scale_columns(&x, &f, "test").unwrap()), candle);
+        let err = scale_columns(&x, &f[..3], "fc2").unwrap_err();
+        assert!(err.to_string().contains("3 factors"), "{err}");
         let err = add(&tensor(&[4, 6], 1), &tensor(&[4], 2), "encoder").unwrap_err();
         assert!(
             err.to_string().contains("cannot add [4] to [4, 6]"),
