@@ -18,6 +18,7 @@ mod links;
 pub mod manifest;
 pub mod models;
 pub mod numerics;
+mod parallel;
 mod quantizer;
 pub mod recipe;
 pub mod report;

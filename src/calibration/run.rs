@@ -13,8 +13,9 @@ use super::{Observer, ObservingExec};
 use crate::error::{Error, Result};
 use crate::format::CalibrationRecord;
 use crate::manifest::{Manifest, Utterance};
-use crate::models::exec::{one_utterance, LinearExec};
+use crate::models::exec::LinearExec;
 use crate::models::SpeechModel;
+use crate::parallel::one_utterance;
 
 /// The default number of calibration utterances.
 pub const DEFAULT_UTTERANCES: usize = 128;

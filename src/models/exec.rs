@@ -6,6 +6,8 @@ use candle_core::{CpuStorage, DType, Device, Storage, Tensor};
 
 use super::gemv;
 
+use crate::parallel::{inner_parallelism, min_task_len};
+
 use crate::error::{Error, Result};
 use crate::numerics::Activation;
 
@@ -33,46 +35,6 @@ pub struct Linear {
 /// block everywhere. So every f32 GEMM of a forward sums K in chunks of 512, each from zero,
 /// added in order: the figures of a gate are then the same on every x86-64 machine.
 pub(crate) const GEMM_DEPTH: usize = 512;
-
-thread_local! {
-    /// Set while this thread runs one of several utterances that share the pool
-    /// ([`one_utterance`]).
-    static UTTERANCE_PER_THREAD: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
-
-/// Runs `f`, the work of one utterance of `side_by_side` that run in parallel on the pool. When
-/// they are at least as many as the pool's threads, the forward inside `f` keeps its GEMMs,
-/// attention heads and decode-step products on this thread: splitting them as well only makes
-/// tasks for threads that are already busy, and a thread that waits for one of its stolen tasks
-/// starts another utterance meanwhile, so utterances stall one another and their buffers pile up.
-/// With fewer utterances than threads, the forward splits its work as before. The results are
-/// the same bits either way (the splits never cut a sum).
-pub(crate) fn one_utterance<R>(side_by_side: usize, f: impl FnOnce() -> R) -> R {
-    struct Restore(bool);
-    impl Drop for Restore {
-        fn drop(&mut self) {
-            UTTERANCE_PER_THREAD.set(self.0);
-        }
-    }
-    let alone = side_by_side >= rayon::current_num_threads();
-    let _restore = Restore(UTTERANCE_PER_THREAD.replace(alone));
-    f()
-}
-
-/// Whether the forward may split its work across the pool (see [`one_utterance`]).
-pub(crate) fn inner_parallelism() -> bool {
-    !UTTERANCE_PER_THREAD.get()
-}
-
-/// The `with_min_len` of a parallel loop over `items` inside one utterance's work: 1 (split
-/// freely), or all of them (one task, on this thread) under [`one_utterance`].
-pub(crate) fn min_task_len(items: usize) -> usize {
-    if inner_parallelism() {
-        1
-    } else {
-        items.max(1)
-    }
-}
 
 /// `dst[m, n] = scale · Σ_k lhs[m, k] · rhs[k, n]` on strided f32 views (row stride, column
 /// stride). K is summed in chunks of [`GEMM_DEPTH`], each added to `dst` in order, so the sum is
@@ -354,6 +316,7 @@ pub(crate) fn activate(x: Tensor, activation: Activation, what: &str) -> Result<
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use crate::parallel::one_utterance;
 
     /// Seeded values in [-0.5, 0.5).
     pub(crate) fn values(n: usize, seed: u64) -> Vec<f32> {

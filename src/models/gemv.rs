@@ -35,7 +35,7 @@ pub(crate) fn product(x: &[f32], rows: usize, k: usize, w: &[f32], n: usize) -> 
             *o = dot(&x[r * k..(r + 1) * k], wj);
         }
     };
-    if rows * k * n >= PARALLEL_WORK && super::exec::inner_parallelism() {
+    if rows * k * n >= PARALLEL_WORK && crate::parallel::inner_parallelism() {
         by_output
             .par_chunks_mut(rows)
             .with_min_len(64)

@@ -98,8 +98,10 @@ impl QuantizedRows {
 /// Rows per rayon task: small rows are not worth a task each.
 const MIN_ELEMS_PER_TASK: usize = 16 * 1024;
 
-fn min_rows_per_task(cols: usize) -> usize {
-    (MIN_ELEMS_PER_TASK / cols.max(1)).max(1)
+/// Inside one of several utterances that run one per thread, all `rows` in one task
+/// (`parallel::one_utterance`).
+fn min_rows_per_task(rows: usize, cols: usize) -> usize {
+    crate::parallel::min_task_len(rows).max(MIN_ELEMS_PER_TASK / cols.max(1))
 }
 
 fn check_matrix(what: &str, len: usize, rows: usize, cols: usize) {
@@ -198,7 +200,7 @@ pub fn quantize_per_token(
         codes
             .par_chunks_mut(cols)
             .zip(x.par_chunks(cols))
-            .with_min_len(min_rows_per_task(cols))
+            .with_min_len(min_rows_per_task(rows, cols))
             .map(|(c, xr)| quantize_row(xr, smooth_inv, dtype, c))
             .collect()
     };
@@ -243,7 +245,7 @@ pub fn quantize_static(
         codes
             .par_chunks_mut(cols)
             .zip(x.par_chunks(cols))
-            .with_min_len(min_rows_per_task(cols))
+            .with_min_len(min_rows_per_task(rows, cols))
             .for_each(|(c, xr)| {
                 for ((c, &v), &m) in c.iter_mut().zip(xr).zip(&mult) {
                     *c = encode(dtype, v * m);

@@ -111,7 +111,9 @@ pub(crate) fn fill<T: Send>(
     let wd = Decoded::new(&terms, w);
     #[cfg(target_arch = "x86_64")]
     let avx2 = is_x86_feature_detected!("avx2");
+    let rows = out.len() / n.max(1);
     out.par_chunks_mut(n.max(1))
+        .with_min_len(crate::parallel::min_task_len(rows))
         .enumerate()
         .for_each(|(i, row)| {
             let ad = Decoded::new(&terms, &a[i * k..(i + 1) * k]);

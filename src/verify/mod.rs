@@ -1036,7 +1036,7 @@ pub fn verify_many(
         .par_iter()
         .with_max_len(1) // one task per utterance, as in calibration
         .map(|u| {
-            crate::models::exec::one_utterance(chosen.len(), || {
+            crate::parallel::one_utterance(chosen.len(), || {
                 let in_utterance = |e: Error| Error::Utterance {
                     id: u.id.clone(),
                     error: Box::new(e),

@@ -741,7 +741,7 @@ pub(crate) fn run_utterance(
     let targets = plan.targets.len();
     let runs = (0..targets)
         .into_par_iter()
-        .with_min_len(crate::models::exec::min_task_len(targets))
+        .with_min_len(crate::parallel::min_task_len(targets))
         .map(|i| {
             let target = &plan.targets[i];
             let mut exec = OneLayerExec {

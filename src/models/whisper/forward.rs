@@ -13,11 +13,10 @@ use candle_core::{DType, Device, IndexOp, Tensor};
 use super::WhisperConfig;
 use crate::checkpoint::Checkpoint;
 use crate::error::{Error, Result};
-use crate::models::exec::{
-    activate, add, ce, matmul, min_task_len, strided_gemm, to_vec, Linear, LinearExec,
-};
+use crate::models::exec::{activate, add, ce, matmul, strided_gemm, to_vec, Linear, LinearExec};
 use crate::models::gemv;
 use crate::numerics::Activation;
+use crate::parallel::min_task_len;
 
 /// LayerNorm epsilon of Whisper.
 const LN_EPS: f32 = 1e-5;
@@ -33,7 +32,7 @@ impl Norm {
     /// LayerNorm over the last dimension, on the calling thread: the arithmetic of the forward's
     /// earlier `candle_nn::ops::layer_norm` (f32 sums of x and x² in order, variance as
     /// E[x²] − mean²), so the figures stay the same bits, without its split of the rows across
-    /// the pool (a nested split stalls utterances that run one per thread; `exec::one_utterance`).
+    /// the pool (a nested split stalls utterances that run one per thread; `parallel::one_utterance`).
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let dim = self.weight.len();
         if x.dim(candle_core::D::Minus1).ok() != Some(dim) {
