@@ -75,7 +75,9 @@ if [[ "${SKIP_BENCH:-0}" != 1 ]]; then
     q=/tmp/oasr-verify-q
     rm -rf "$q"
     "$bin/oasr-quantize" "$model" "$q/int8_rtn" --recipe int8_w8a8_rtn > /dev/null || status=1
+    # A loose error guard, so that the int8 chains arm (the recipe's declines tiny.en's).
     "$bin/oasr-quantize" "$model" "$q/int8_fused" --recipe smoothquant_w8a8_fused \
+        --option static_inputs.max_error_ratio=1000 \
         --calib-manifest "$cache/asterisk/calib.jsonl" --calib-utterances 4 > /dev/null || status=1
     for ck in int8_rtn int8_fused; do
         for dev in cpu cuda; do

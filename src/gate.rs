@@ -361,9 +361,13 @@ pub struct GateResult {
 /// A GPU verify report next to the CPU reference's, for the same checkpoint and set.
 #[derive(Clone, Debug, Serialize)]
 pub struct LaneComparison {
-    /// The CPU reference's teacher-forced cosine mean and worst step.
+    /// The CPU reference's teacher-forced cosine mean and worst step, and its shift-invariant
+    /// figures (centred cosine and softmax KL), which the fp8 lanes agree on more closely than
+    /// on the raw cosine (docs/accuracy.md, "fp8 on the GPU").
     pub cosine_mean: f64,
     pub cosine_min: f64,
+    pub centered_cosine_mean: f64,
+    pub kl_mean: f64,
     /// The CPU reference's quantized WER (percent).
     pub wer_quantized: f64,
     /// GPU minus CPU teacher-forced cosine mean.
@@ -377,6 +381,8 @@ impl LaneComparison {
         LaneComparison {
             cosine_mean: cpu.teacher_forced.cosine_mean,
             cosine_min: cpu.teacher_forced.cosine_min,
+            centered_cosine_mean: cpu.teacher_forced.centered_cosine_mean,
+            kl_mean: cpu.teacher_forced.kl_mean,
             wer_quantized: cpu.wer_quantized.unwrap_or(f64::NAN) * 100.0,
             cosine_mean_difference: gpu.teacher_forced.cosine_mean - cpu.teacher_forced.cosine_mean,
             identical: gpu.transcripts == cpu.transcripts

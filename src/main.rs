@@ -1044,10 +1044,12 @@ fn gate(args: GateArgs) -> Result<()> {
         );
         if let Some(cpu) = &r.cpu_reference {
             println!(
-                "{:<24} cpu reference: cos mean {:.6} (min {:.6}), WER q {:.2}; gpu - cpu {:+.6}{}",
+                "{:<24} cpu reference: cos mean {:.6} (min {:.6}), centred {:.6}, WER q {:.2}; \
+                 gpu - cpu {:+.6}{}",
                 "",
                 cpu.cosine_mean,
                 cpu.cosine_min,
+                cpu.centered_cosine_mean,
                 cpu.wer_quantized,
                 cpu.cosine_mean_difference,
                 if cpu.identical { ", identical" } else { "" }

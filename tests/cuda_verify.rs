@@ -64,6 +64,11 @@ fn quantize(recipe: &str, dst: &Path) {
         let (calib, _) = common::manifests();
         q = q.calib_manifest(&calib).calib_utterances(CALIB_UTTERANCES);
     }
+    if recipe == "smoothquant_w8a8_fused" {
+        // The recipe's error guard declines tiny.en's int8 chains (docs/recipes.md); these tests
+        // are about armed chains, so a looser guard arms them.
+        q = q.option("static_inputs.max_error_ratio=1000");
+    }
     q.run().unwrap();
 }
 
@@ -282,7 +287,8 @@ fn gate_on_cuda_compares_each_entry_with_the_cpu_reference() {
     let mut toml = format!(
         "model = {:?}\ncalib_manifest = {:?}\n[sets.in_domain]\nmanifest = {:?}\n\
          [profiles.tiny]\ngate_utterances = {UTTERANCES}\ncalib_utterances = {CALIB_UTTERANCES}\n\
-         [[entry]]\nname = \"int8_fused\"\nrecipe = \"smoothquant_w8a8_fused\"\n",
+         [[entry]]\nname = \"int8_fused\"\nrecipe = \"smoothquant_w8a8_fused\"\n\
+         options = {{ \"static_inputs.max_error_ratio\" = \"1000\" }}\n",
         common::tiny_en(),
         calib,
         gate
@@ -319,6 +325,7 @@ fn gate_on_cuda_compares_each_entry_with_the_cpu_reference() {
             assert!(cpu.identical && !lane_failure, "{:?}", r.failures);
         } else {
             assert!(cpu.cosine_mean_difference.is_finite());
+            assert!(cpu.centered_cosine_mean.is_finite() && cpu.kl_mean.is_finite());
             assert_eq!(
                 lane_failure,
                 cpu.cosine_mean_difference < -config.gpu_cosine_tolerance,
