@@ -154,7 +154,7 @@ where
         finish(j, v)
     };
     // One task of row blocks inside one of several utterances run one per thread.
-    let blocks = crate::parallel::min_task_len(m.div_ceil(ROW_BLOCK));
+    let min_blocks_per_task = crate::parallel::min_task_len(m.div_ceil(ROW_BLOCK));
     match dtype {
         QuantDtype::Int8 => {
             assert!(
@@ -164,7 +164,7 @@ where
             let dot = dot_i8_kernel();
             let block = dot_i8_block_kernel();
             out.par_chunks_mut(ROW_BLOCK * n)
-                .with_min_len(blocks)
+                .with_min_len(min_blocks_per_task)
                 .enumerate()
                 .for_each(|(blk, out_rows)| {
                     let i0 = blk * ROW_BLOCK;
@@ -210,7 +210,7 @@ where
             }
             let tile = fp8_tile_kernel();
             out.par_chunks_mut(ROW_BLOCK * n)
-                .with_min_len(blocks)
+                .with_min_len(min_blocks_per_task)
                 .enumerate()
                 .for_each(|(blk, out_rows)| {
                     let i0 = blk * ROW_BLOCK;
