@@ -22,6 +22,7 @@ mod parallel;
 mod quantizer;
 pub mod recipe;
 pub mod report;
+mod rng;
 #[cfg(feature = "cuda")]
 pub mod runtime;
 pub mod selection;

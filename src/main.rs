@@ -792,8 +792,17 @@ fn verify(
     if report.fp8_accumulation == oasr_quantize::numerics::Fp8Accumulation::TensorCore {
         println!("fp8 GEMMs on the CPU summed as Hopper's tensor cores sum them (the model)");
     }
+    let interval = report
+        .wer_delta_interval
+        .map_or(String::new(), |[low, high]| {
+            format!(
+                " (95 % bootstrap interval {:+.2} to {:+.2} points)",
+                low * 100.0,
+                high * 100.0
+            )
+        });
     println!(
-        "WER full precision {}  quantized {}  delta {}",
+        "WER full precision {}  quantized {}  delta {}{interval}",
         pct(report.wer_full_precision),
         pct(report.wer_quantized),
         pct(report.wer_delta)

@@ -26,7 +26,7 @@ use crate::manifest::{Manifest, Utterance};
 use crate::models::exec::{activate, ce, to_vec, FullPrecision, Linear, LinearExec};
 use crate::models::{DecodeOptions, Decoding, SpeechModel};
 use crate::numerics::{self, ActScale, Activation, Fp8Accumulation, GemmEpilogue, OutDtype};
-use crate::wer::{word_errors, WordErrors};
+use crate::wer::{delta_interval, word_errors, WordErrors};
 
 /// One quantized layer as stored in a v2 checkpoint.
 #[derive(Clone, Debug)]
@@ -636,7 +636,8 @@ struct Tally {
     utterances: usize,
     free: AgreementSum,
     forced: AgreementSum,
-    word_errors: Option<(WordErrors, WordErrors)>,
+    /// Each utterance's (full precision, quantized) errors, for utterances with a reference text.
+    word_errors: Vec<(WordErrors, WordErrors)>,
     nonfinite: usize,
     scores: BTreeMap<&'static str, ScoreSum>,
 }
@@ -646,11 +647,7 @@ impl Tally {
         self.utterances += 1;
         self.free.merge(&run.free);
         self.forced.merge(&run.forced);
-        if let Some((r, q)) = run.word_errors {
-            let (wr, wq) = self.word_errors.get_or_insert_default();
-            wr.add(r);
-            wq.add(q);
-        }
+        self.word_errors.extend(run.word_errors);
         self.nonfinite += run.nonfinite;
         for (name, sum) in &run.scores {
             self.scores.entry(name).or_default().merge(sum);
@@ -658,16 +655,22 @@ impl Tally {
     }
 
     fn finish(&self) -> SourceFigures {
-        let (wr, wq) = self.word_errors.unwrap_or_default();
-        let (fp, q) = match self.word_errors {
-            Some(_) => (Some(wr.rate()), Some(wq.rate())),
-            None => (None, None),
+        let (mut wr, mut wq) = (WordErrors::default(), WordErrors::default());
+        for &(r, q) in &self.word_errors {
+            wr.add(r);
+            wq.add(q);
+        }
+        let (fp, q) = if self.word_errors.is_empty() {
+            (None, None)
+        } else {
+            (Some(wr.rate()), Some(wq.rate()))
         };
         SourceFigures {
             utterances: self.utterances,
             wer_full_precision: fp,
             wer_quantized: q,
             wer_delta: fp.zip(q).map(|(a, b)| b - a),
+            wer_delta_interval: delta_interval(&self.word_errors),
             word_errors_full_precision: wr,
             word_errors_quantized: wq,
             free_running: self.free.finish(),
@@ -689,6 +692,8 @@ pub struct SourceFigures {
     pub wer_full_precision: Option<f64>,
     pub wer_quantized: Option<f64>,
     pub wer_delta: Option<f64>,
+    /// The 95 % paired-bootstrap interval of `wer_delta` over these utterances.
+    pub wer_delta_interval: Option<[f64; 2]>,
     pub word_errors_full_precision: WordErrors,
     pub word_errors_quantized: WordErrors,
     pub free_running: Agreement,
@@ -743,6 +748,9 @@ pub struct VerifyReport {
     pub wer_quantized: Option<f64>,
     /// Quantized minus full precision (absolute).
     pub wer_delta: Option<f64>,
+    /// The 95 % interval of `wer_delta` by the paired bootstrap over utterances (2000 seeded
+    /// resamples): how far the difference could move on another draw of such utterances.
+    pub wer_delta_interval: Option<[f64; 2]>,
     pub word_errors_full_precision: WordErrors,
     pub word_errors_quantized: WordErrors,
     /// Each model decodes its own greedy tokens; logits compared step by step.
@@ -1093,6 +1101,7 @@ pub fn verify_many(
                 wer_full_precision: total.wer_full_precision,
                 wer_quantized: total.wer_quantized,
                 wer_delta: total.wer_delta,
+                wer_delta_interval: total.wer_delta_interval,
                 word_errors_full_precision: total.word_errors_full_precision,
                 word_errors_quantized: total.word_errors_quantized,
                 free_running: total.free_running,

@@ -10,6 +10,7 @@ use super::forward::{argmax_allowed, logits_rows, DecoderState, Whisper};
 use crate::error::{Error, Result};
 use crate::models::exec::LinearExec;
 use crate::models::speech::Task;
+use crate::rng::SplitMix64;
 
 /// Whisper's `sample_len`: at most this many generated tokens (n_text_ctx / 2).
 pub const MAX_NEW_TOKENS: usize = 224;
@@ -365,20 +366,6 @@ impl Fallback {
 pub fn token_limit(samples: usize, sample_rate: u32) -> usize {
     let seconds = samples as f64 / f64::from(sample_rate.max(1));
     (24 + (12.0 * seconds).ceil() as usize).min(MAX_NEW_TOKENS)
-}
-
-/// SplitMix64: a tiny, fixed PRNG, so sampled decodings do not depend on a crate's generator.
-struct SplitMix64(u64);
-
-impl SplitMix64 {
-    fn next_f64(&mut self) -> f64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^= z >> 31;
-        (z >> 11) as f64 / (1u64 << 53) as f64
-    }
 }
 
 /// log-softmax of the allowed entries of `row` at `temperature` (1 when 0), as f64; disallowed
