@@ -11,6 +11,7 @@
 #   RTN_ONLY=1 benches/family-device-run.sh scale SIZE...   # the disk and RTN only
 #   THREADS=2 benches/family-device-run.sh calib SIZE...   # calibration on 2 cores only
 #   benches/family-device-run.sh cost SIZE...       # per utterance, one greedy decoding, vs FLOPs
+#   benches/family-device-run.sh recipes SIZE...    # every built-in recipe: time, RSS, the spec read back
 #   (CALIB_UTTS=N at --stage: calibrate on the first N utterances instead of 2)
 # Every checkpoint is seeded random weights (examples/whisper_family.rs): cost, not accuracy.
 set -euo pipefail
@@ -154,8 +155,34 @@ PY
         rm -rf "$W/$size-sq"
     done
     ;;
+recipes)
+    # Every built-in recipe on each shape, calibrating ones on the first utterance of calib.jsonl
+    # with one greedy decoding (`--no-fallback`, as `cost`); each checkpoint's spec is read back
+    # by `inspect --json` (quantized layers, fused norms, chains) and must list the recipe.
+    shift
+    nproc | sed 's/^/cores\t/' | tee -a "$OUT/scale.tsv"
+    for size in "$@"; do
+        src=$(source_of "$size")
+        for toml in recipes/*.toml; do   # the built-in recipes are these files
+            recipe=$(basename "$toml" .toml)
+            calib=()
+            grep -q '^calibration = true' "$toml" &&
+                calib=(--calib-manifest "$STAGE/calib.jsonl" --calib-utterances 1 --no-fallback)
+            timed "$size-$recipe" "$Q" "$src" "$W/$size-q" --recipe "$recipe" "${calib[@]}" --overwrite
+            "$Q" inspect "$W/$size-q" --json >"$W/inspect.json"
+            python3 - "$W/inspect.json" "$size-$recipe" "$recipe" <<'PY2' | tee -a "$OUT/scale.tsv"
+import json, sys
+s = json.load(open(sys.argv[1]))
+assert s["quantized_layers"] > 0, s
+assert sys.argv[3] in json.dumps(s["producer"]), "the spec does not name its recipe"
+print(f"{sys.argv[2]}-spec\tlayers {s['quantized_layers']}\tfused norms {s['fused_norms']}\tchains {s['gemm_chains']}\tkept {len(s['skipped'])}")
+PY2
+            rm -rf "$W/$size-q"
+        done
+    done
+    ;;
 *)
-    echo "usage: $0 --stage | fixture | scale SIZE... | calib SIZE... | cost SIZE..." >&2
+    echo "usage: $0 --stage | fixture | scale SIZE... | calib SIZE... | cost SIZE... | recipes SIZE..." >&2
     exit 2
     ;;
 esac

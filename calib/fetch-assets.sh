@@ -138,6 +138,7 @@ STAMP="$AST_DIR/.stamp"
 XD_DIR="$ROOT/crossdomain"
 XD_DEV_MANIFEST="$XD_DIR/dev.jsonl"
 XD_GATE_MANIFEST="$XD_DIR/gate.jsonl"
+XD_LONG_MANIFEST="$XD_DIR/gate-long.jsonl"
 XD_STAMP="$XD_DIR/.stamp"
 TOK_DIR="$ROOT/whisper-tokenizers"
 # Version of the recipe: any change to this script or its helper rebuilds the speech sets.
@@ -194,7 +195,7 @@ asterisk_ok() {
 }
 
 crossdomain_ok() {
-  [[ -f "$XD_STAMP" && -f "$XD_DIR/SHA256SUMS" && -f "$XD_DEV_MANIFEST" && -f "$XD_GATE_MANIFEST" ]] || return 1
+  [[ -f "$XD_STAMP" && -f "$XD_DIR/SHA256SUMS" && -f "$XD_DEV_MANIFEST" && -f "$XD_GATE_MANIFEST" && -f "$XD_LONG_MANIFEST" ]] || return 1
   [[ "$(cat -- "$XD_STAMP")" == "version=$XD_VERSION" ]] || { log "crossdomain: recipe changed, rebuilding"; return 1; }
   (cd -- "$XD_DIR" && sha256sum --check --quiet --strict SHA256SUMS >/dev/null 2>&1) \
     || { log "crossdomain: SHA256SUMS check failed, rebuilding"; return 1; }
@@ -392,6 +393,7 @@ OASR_CALIB_MANIFEST=$CALIB_MANIFEST
 OASR_GATE_MANIFEST=$GATE_MANIFEST
 OASR_XDOMAIN_DEV_MANIFEST=$XD_DEV_MANIFEST
 OASR_XDOMAIN_GATE_MANIFEST=$XD_GATE_MANIFEST
+OASR_XDOMAIN_LONG_MANIFEST=$XD_LONG_MANIFEST
 OASR_WHISPER_TOKENIZERS=$TOK_DIR"
 if [[ ! -f "$ROOT/assets.env" || "$(cat -- "$ROOT/assets.env")" != "$ENV_TEXT" ]]; then
   printf '%s\n' "$ENV_TEXT" >"$TMP/assets.env"

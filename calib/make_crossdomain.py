@@ -10,6 +10,9 @@ writes into OUT_DIR:
   dev.jsonl         {"id", "audio": "wav16k/<id>.wav", "text", "source"} per line: the split on
                     which rules and thresholds are chosen
   gate.jsonl        same format: the split on which they are confirmed
+  gate-long.jsonl   same format: passages of PASSAGE_SENTENCES sentences (15-25 s) spoken by the
+                    gate's synthetic voices and by LONG_ESPEAK's voices (in no other split): the
+                    gate's many-words companion, to resolve WER differences of tenths of a point
   sources.tsv       one row per voice / speaker group: id prefix, split, source, speaker,
                     package, version, registry, licence, package sha256, clips, seconds
   skipped.tsv       <package>:<path>\t<reason> for every candidate recording that was left out
@@ -26,6 +29,8 @@ Rules (keep calib/README.md in sync):
              the k-th dealt clip speaks sentence (offset + k) mod N (offset 0 for dev, N/2 for
              gate), so every voice gets sentences from all over the list and each split covers
              the whole list.
+  long     = every voice of the gate-long set speaks every passage: lines 1-4, 5-8, ... of
+             calib/sentences.txt (a trailing remainder is not used).
   order    = each manifest interleaves its sources round-robin (first line from the first
              source, second line from the second, ...), and each source interleaves its voices /
              speaker groups round-robin, so that any prefix of N lines (the CI subset takes the
@@ -99,6 +104,24 @@ ESPEAK = [
     ("gate", "en-gb-x-gbcwmd", "klatt3", 150, 50),
 ]
 ESPEAK_CLIPS = 5
+
+# The gate-long set: passages of PASSAGE_SENTENCES consecutive sentences, spoken by every
+# synthetic voice of the gate split and by these espeak-ng voices, which are in no other set (the
+# gate's languages, variants used nowhere else): (language, variant, words per minute, pitch).
+PASSAGE_SENTENCES = 4
+LONG = "gate-long"
+LONG_SOURCE_ORDER = ["espeak-ng", "festival", "flite"]
+LONG_ESPEAK = [
+    ("en-us-nyc", "m5", 165, 50),
+    ("en-us-nyc", "Annie", 175, 55),
+    ("en-gb", "f4", 160, 60),
+    ("en-gb", "Andy", 185, 45),
+    ("en-gb-x-rp", "klatt5", 150, 50),
+    ("en-gb-x-rp", "linda", 170, 55),
+    ("en-gb-x-gbcwmd", "klatt6", 160, 40),
+    ("en-gb-x-gbcwmd", "edward", 145, 50),
+    ("en-gb", "steph", 180, 60),
+]
 
 # festival (pinned .debs, run from the extracted tree): (split, name, voice, package key, clips,
 # Scheme expressions evaluated after selecting the voice).
@@ -356,6 +379,20 @@ def plan_synthetic(sentences):
     return plan
 
 
+def plan_long(sentences, gate_voices):
+    """The gate-long clips: every voice (the gate's synthetic ones, then LONG_ESPEAK's) speaks
+    every passage."""
+    voices = list(gate_voices)
+    for lang, var, wpm, pitch in LONG_ESPEAK:
+        voices.append(dict(key=f"espeak-{lang}-{var}-w{wpm}-p{pitch}", source="espeak-ng", engine="espeak",
+                           cfg=(lang, var, wpm, pitch), package="espeak-ng",
+                           speaker=f"espeak-ng {lang}+{var} -s {wpm} -p {pitch}"))
+    starts = range(0, len(sentences) - PASSAGE_SENTENCES + 1, PASSAGE_SENTENCES)
+    return [dict(id=f"long-{v['key']}-s{first + 1:02d}", split=LONG, source=v["source"], group=v["key"], voice=v,
+                 text=" ".join(sentences[first:first + PASSAGE_SENTENCES]), sentence=first + 1)
+            for v in voices for first in starts]
+
+
 def synth_espeak(espeak, clip, out):
     lang, var, wpm, pitch = clip["voice"]["cfg"]
     run([espeak, "-v", f"{lang}+{var}", "-s", str(wpm), "-p", str(pitch), "-w", out, clip["text"]],
@@ -386,12 +423,12 @@ def synth_festival(root, env, clips_outs):
 def check_espeak_voices(espeak):
     r = run([espeak, "--voices=en"], what="espeak-ng --voices")
     have = {line.split()[1] for line in r.stdout.splitlines()[1:] if len(line.split()) > 1}
-    missing = sorted({lang for _, lang, _, _, _ in ESPEAK} - have)
+    missing = sorted(({lang for _, lang, _, _, _ in ESPEAK} | {lang for lang, _, _, _ in LONG_ESPEAK}) - have)
     if missing:
         die(f"espeak-ng lacks the languages {missing} (Debian package espeak-ng-data)")
     r = run([espeak, "--voices=variant"], what="espeak-ng --voices=variant")
     files = {line.split()[-1].split("/")[-1] for line in r.stdout.splitlines()[1:] if line.split()}
-    missing = sorted({var for _, _, var, _, _ in ESPEAK} - files)
+    missing = sorted(({var for _, _, var, _, _ in ESPEAK} | {var for _, var, _, _ in LONG_ESPEAK}) - files)
     if missing:
         die(f"espeak-ng lacks the variants {missing}")
 
@@ -535,12 +572,13 @@ def main():
 
     # synthetic clips
     plan = plan_synthetic(sentences)
+    long_clips = plan_long(sentences, plan["gate"][0])
     synth_dir = os.path.join(a.work, "synth")
     os.makedirs(synth_dir)
     tasks = []
     fest = {}
-    for split in SPLITS:
-        for c in plan[split][1]:
+    for clips in [plan[split][1] for split in SPLITS] + [long_clips]:
+        for c in clips:
             c["src"], c["fmt"] = os.path.join(synth_dir, c["id"] + ".wav"), "wav"
             if c["voice"]["engine"] == "espeak":
                 tasks.append((synth_espeak, a.espeak, c, c["src"]))
@@ -556,7 +594,7 @@ def main():
             f.result()
 
     rows = {s: plan[s][1] + human[s] for s in SPLITS}
-    all_ids = [c["id"] for s in SPLITS for c in rows[s]]
+    all_ids = [c["id"] for s in SPLITS for c in rows[s]] + [c["id"] for c in long_clips]
     if len(set(all_ids)) != len(all_ids):
         die("duplicate ids")
     for s in SPLITS:
@@ -568,17 +606,22 @@ def main():
         for c in rows[s]:
             if groups.setdefault(c["group"], s) != s:
                 die(f"group {c['group']} in both splits")
+    # the gate-long set speaks with the gate's voices and its own
+    for c in long_clips:
+        if groups.get(c["group"], "gate") != "gate":
+            die(f"gate-long voice {c['group']} is in the {groups[c['group']]} split")
+    rows[LONG] = long_clips
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as ex:
         futs = {c["id"]: ex.submit(convert, a.sox, c["src"], c["fmt"], os.path.join(wavdir, c["id"] + ".wav"))
-                for s in SPLITS for c in rows[s]}
+                for s in rows for c in rows[s]}
         secs = {k: f.result() for k, f in futs.items()}
 
     # manifests: round-robin over sources, inside a source round-robin over voices / groups
     manifests = {}
-    for s in SPLITS:
+    for s in rows:
         per_source = []
-        for src in SOURCE_ORDER[s]:
+        for src in SOURCE_ORDER.get(s, LONG_SOURCE_ORDER):
             clips = [c for c in rows[s] if c["source"] == src]
             order = []
             for c in clips:
@@ -597,7 +640,7 @@ def main():
     esv = espeak_version(a.espeak)
     with open(os.path.join(a.out, "sources.tsv"), "w", encoding="utf-8", newline="\n") as f:
         f.write("id_prefix\tsplit\tsource\tspeaker\tpackage\tversion\tregistry\tlicence\tsha256\tclips\tseconds\n")
-        for s in SPLITS:
+        for s in rows:
             seen = []
             for c in rows[s]:
                 if c["group"] not in seen:
@@ -619,13 +662,13 @@ def main():
         for pkg, member, reason in SKIPPED:
             f.write(f"{pkg}:{member}\t{reason}\n")
 
-    out_files = ["dev.jsonl", "gate.jsonl", "sources.tsv", "skipped.tsv"]
-    out_files += [f"wav16k/{c['id']}.wav" for s in SPLITS for c in manifests[s]]
+    out_files = [f"{s}.jsonl" for s in rows] + ["sources.tsv", "skipped.tsv"]
+    out_files += [f"wav16k/{c['id']}.wav" for s in rows for c in manifests[s]]
     with open(os.path.join(a.out, "SHA256SUMS"), "w", encoding="utf-8", newline="\n") as f:
         for rel in out_files:
             f.write(f"{sha256_file(os.path.join(a.out, rel))}  {rel}\n")
 
-    for s in SPLITS:
+    for s in rows:
         by = {}
         for c in manifests[s]:
             n, t = by.get(c["source"], (0, 0.0))
