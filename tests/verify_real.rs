@@ -29,6 +29,10 @@ fn verify_compares_the_quantized_model_with_full_precision() {
     assert_eq!(report.utterances, 3);
     assert_eq!(report.nonfinite, 0);
     assert!(report.wer_full_precision.is_some() && report.wer_delta.is_some());
+    let [lo, hi] = report
+        .wer_delta_interval
+        .expect("a WER difference comes with its interval");
+    assert!(lo <= hi, "{lo} > {hi}");
     let tf = &report.teacher_forced;
     assert!(tf.steps > 5, "{tf:?}");
     // Quantized numerics really ran (not a copy of the fp32 model) and stay close to it.
