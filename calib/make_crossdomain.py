@@ -12,7 +12,7 @@ writes into OUT_DIR:
   gate.jsonl        same format: the split on which they are confirmed
   gate-long.jsonl   same format: passages of PASSAGE_SENTENCES sentences (9-21 s) spoken by the
                     gate's synthetic voices and by LONG_ESPEAK's voices (in no other split): the
-                    gate's many-words companion, to resolve WER differences of tenths of a point
+                    gate's many-words companion, for narrower WER intervals
   sources.tsv       one row per voice / speaker group: id prefix, split, source, speaker,
                     package, version, registry, licence, package sha256, clips, seconds
   skipped.tsv       <package>:<path>\t<reason> for every candidate recording that was left out
