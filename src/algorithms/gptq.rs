@@ -91,17 +91,12 @@ pub fn quantize_weight(
     })?;
 
     let rtn = numerics::quantize_weight_per_channel(w, n, k, dtype);
-    let mut codes = vec![0u8; n * k];
-    if k > 0 {
-        codes
-            .par_chunks_mut(k)
-            .zip(w.par_chunks(k))
-            .for_each(|(c, row)| round_row(row, c, &u, &order, dtype));
-    }
+    let codes = sweep(w, n, k, &u, &order, dtype);
     let weight = QuantizedWeight::new(w, k, codes, rtn.scales.clone(), dtype);
+    let errors = OutputError::new(w, k, &h);
     Ok(GptqWeight {
-        output_error: output_error(w, k, &weight.codes, &weight.scales, dtype, &h),
-        rtn_output_error: output_error(w, k, &rtn.codes, &rtn.scales, dtype, &h),
+        output_error: errors.of(&weight.codes, &weight.scales, dtype),
+        rtn_output_error: errors.of(&rtn.codes, &rtn.scales, dtype),
         weight,
     })
 }
@@ -118,10 +113,15 @@ fn column_order(h: &[f64], k: usize, act_order: bool) -> Vec<usize> {
 /// The upper Cholesky factor U (row-major `[k, k]`, H⁻¹ = Uᵀ U) of the inverse of H permuted
 /// into `order`, after dampening. A channel calibration never saw (H_jj = 0) gets H_jj = 1: it
 /// has no error to pass on and takes none. `None` when H is not positive definite.
+///
+/// With P the reversal of the indices, the lower Cholesky factor of P H P gives H = R Rᵀ with
+/// R = P L P upper triangular, so H⁻¹ = R⁻ᵀ R⁻¹ and U = R⁻¹ = P L⁻¹ P: one factorisation and one
+/// triangular inverse, both blocked so that their work is matrix products.
 fn inverse_cholesky_upper(h: &[f64], k: usize, order: &[usize], damp: f64) -> Option<Vec<f64>> {
+    // P H P in the quantization order: row i of `a` is channel order[k - 1 - i].
     let mut a: Vec<f64> = vec![0.0; k * k];
-    for (i, &oi) in order.iter().enumerate() {
-        for (j, &oj) in order.iter().enumerate() {
+    for (i, &oi) in order.iter().rev().enumerate() {
+        for (j, &oj) in order.iter().rev().enumerate() {
             a[i * k + j] = h[oi * k + oj];
         }
     }
@@ -134,87 +134,154 @@ fn inverse_cholesky_upper(h: &[f64], k: usize, order: &[usize], damp: f64) -> Op
     for i in 0..k {
         a[i * k + i] += damp * mean_diag;
     }
-    // H = L Lᵀ; H⁻¹ = L⁻ᵀ L⁻¹; H⁻¹ = M Mᵀ (M lower); U = Mᵀ.
-    let l = cholesky_lower(&a, k)?;
-    let l_inv = lower_inverse(&l, k);
-    // H⁻¹_ij = Σ_m L⁻¹_mi L⁻¹_mj over m ≥ max(i, j) (L⁻¹ is lower triangular), from the
-    // columns of L⁻¹ laid out as rows so that the sums run over contiguous memory.
-    let mut columns = vec![0.0; k * k];
-    for m in 0..k {
-        for i in 0..=m {
-            columns[i * k + m] = l_inv[m * k + i];
-        }
-    }
-    let mut inv = vec![0.0; k * k];
-    inv.par_chunks_mut(k.max(1))
-        .enumerate()
-        .for_each(|(i, row)| {
-            let ci = &columns[i * k + i..(i + 1) * k];
-            for (j, out) in row.iter_mut().enumerate().take(i + 1) {
-                let cj = &columns[j * k + i..(j + 1) * k];
-                *out = dot(ci, cj);
-            }
-        });
-    for i in 0..k {
-        for j in i + 1..k {
-            inv[i * k + j] = inv[j * k + i];
-        }
-    }
-    let m = cholesky_lower(&inv, k)?;
+    cholesky_lower(&mut a, k)?;
+    let l_inv = lower_inverse(&a, k);
     let mut u = vec![0.0; k * k];
     for i in 0..k {
         for j in i..k {
-            u[i * k + j] = m[j * k + i];
+            u[i * k + j] = l_inv[(k - 1 - i) * k + (k - 1 - j)];
         }
     }
     Some(u)
 }
 
-/// The lower Cholesky factor of a symmetric `[k, k]` matrix, or `None` when it is not positive
-/// definite.
-fn cholesky_lower(a: &[f64], k: usize) -> Option<Vec<f64>> {
-    let mut l = vec![0.0; k * k];
-    for j in 0..k {
-        let lj = &l[j * k..j * k + j];
-        let d = a[j * k + j] - dot(lj, lj);
-        if d.is_nan() || d <= 0.0 || d.is_infinite() {
-            return None;
-        }
-        let d = d.sqrt();
-        l[j * k + j] = d;
-        // Column j below the diagonal: rows are independent.
-        let (done, rest) = l.split_at_mut((j + 1) * k);
-        let lj = &done[j * k..j * k + j];
-        rest.par_chunks_mut(k).enumerate().for_each(|(r, row)| {
-            let i = j + 1 + r;
-            row[j] = (a[i * k + j] - dot(&row[..j], lj)) / d;
-        });
+/// The columns one diagonal block of the blocked factorisations and of the column sweep spans.
+/// At most [`F64_DEPTH`], so the products over a block sum in one fixed order.
+const BLOCK: usize = 128;
+
+/// The deepest K one f64 product sums over: the gemm crate blocks a deeper K by the CPU's L1
+/// cache, which would change the order of the sum (and so the last bits, and rarely a code) from
+/// one machine to another; up to this depth it sums in one block everywhere.
+const F64_DEPTH: usize = 128;
+
+/// `dst[m, n] += beta · lhs[m, depth] · rhs[depth, n]` on row-major strided f64 views (row
+/// stride, column stride), K in chunks of [`F64_DEPTH`] added in order, in parallel over the
+/// output.
+///
+/// # Safety
+/// The views must lie inside their buffers, and `dst` must not overlap `lhs` or `rhs`.
+#[allow(clippy::too_many_arguments)] // three strided views, by name
+unsafe fn gemm_f64(
+    (m, n, depth): (usize, usize, usize),
+    dst: *mut f64,
+    dst_rs: usize,
+    (lhs, lhs_rs, lhs_cs): (*const f64, usize, usize),
+    (rhs, rhs_rs, rhs_cs): (*const f64, usize, usize),
+    beta: f64,
+) {
+    if m == 0 || n == 0 {
+        return;
     }
-    Some(l)
+    for k0 in (0..depth).step_by(F64_DEPTH) {
+        gemm::gemm(
+            m,
+            n,
+            F64_DEPTH.min(depth - k0),
+            dst,
+            1,
+            dst_rs as isize,
+            true,
+            lhs.add(k0 * lhs_cs),
+            lhs_cs as isize,
+            lhs_rs as isize,
+            rhs.add(k0 * rhs_rs),
+            rhs_cs as isize,
+            rhs_rs as isize,
+            1.0,
+            beta,
+            false,
+            false,
+            false,
+            gemm::Parallelism::Rayon(0),
+        );
+    }
 }
 
-/// The inverse of a lower-triangular `[k, k]` matrix with a positive diagonal, column by
-/// column (forward substitution on the unit vectors, in parallel).
-fn lower_inverse(l: &[f64], k: usize) -> Vec<f64> {
-    let columns: Vec<Vec<f64>> = (0..k)
-        .into_par_iter()
-        .map(|c| {
-            let mut x = vec![0.0; k];
-            for i in c..k {
-                let rhs = if i == c { 1.0 } else { 0.0 };
-                let s = dot(&l[i * k + c..i * k + i], &x[c..i]);
-                x[i] = (rhs - s) / l[i * k + i];
+/// Factors a symmetric `[k, k]` matrix in place into its lower Cholesky factor (the strict
+/// upper triangle is zeroed), block column by block column: the diagonal block, the panel below
+/// it row by row in parallel, then the trailing matrix less the panel's product. `None` when it
+/// is not positive definite.
+fn cholesky_lower(a: &mut [f64], k: usize) -> Option<()> {
+    for j0 in (0..k).step_by(BLOCK) {
+        let j1 = (j0 + BLOCK).min(k);
+        // The diagonal block (every earlier block column is already subtracted from it).
+        for j in j0..j1 {
+            let lj = &a[j * k + j0..j * k + j];
+            let d = a[j * k + j] - dot(lj, lj);
+            if d.is_nan() || d <= 0.0 || d.is_infinite() {
+                return None;
             }
-            x
-        })
-        .collect();
-    let mut inv = vec![0.0; k * k];
-    for (c, x) in columns.iter().enumerate() {
-        for i in c..k {
-            inv[i * k + c] = x[i];
+            a[j * k + j] = d.sqrt();
+            for i in j + 1..j1 {
+                let s = dot(&a[i * k + j0..i * k + j], &a[j * k + j0..j * k + j]);
+                a[i * k + j] = (a[i * k + j] - s) / a[j * k + j];
+            }
+        }
+        // The panel below it: row i solves x · L11ᵀ = a_i over the block's columns.
+        let (done, rest) = a.split_at_mut(j1 * k);
+        let diag = &done[j0 * k..];
+        rest.par_chunks_mut(k).for_each(|row| {
+            for c in j0..j1 {
+                let s = dot(&row[j0..c], &diag[(c - j0) * k + j0..(c - j0) * k + c]);
+                row[c] = (row[c] - s) / diag[(c - j0) * k + c];
+            }
+        });
+        // The trailing matrix less L21 L21ᵀ.
+        let m = k - j1;
+        let base = a.as_mut_ptr();
+        // SAFETY: L21 is rows j1.., columns j0..j1 and the destination rows j1.., columns
+        // j1..: disjoint parts of the [k, k] buffer.
+        unsafe {
+            gemm_f64(
+                (m, m, j1 - j0),
+                base.add(j1 * k + j1),
+                k,
+                (base.add(j1 * k + j0), k, 1),
+                (base.add(j1 * k + j0), 1, k),
+                -1.0,
+            );
         }
     }
-    inv
+    for i in 0..k {
+        a[i * k + i + 1..(i + 1) * k].fill(0.0);
+    }
+    Some(())
+}
+
+/// The inverse X of a lower-triangular `[k, k]` matrix L with a positive diagonal, block row by
+/// block row: L_bb X_b = [I]_b − L_b,<b X_<b, the product over the rows already solved.
+fn lower_inverse(l: &[f64], k: usize) -> Vec<f64> {
+    let mut x = vec![0.0; k * k];
+    for r0 in (0..k).step_by(BLOCK) {
+        let r1 = (r0 + BLOCK).min(k);
+        let (solved, block) = x.split_at_mut(r0 * k);
+        // SAFETY: the destination is rows r0..r1 of X, columns 0..r0; the product reads rows
+        // r0..r1 of L (another buffer) and rows 0..r0 of X (`solved`, before the destination).
+        unsafe {
+            gemm_f64(
+                (r1 - r0, r0, r0),
+                block.as_mut_ptr(),
+                k,
+                (l.as_ptr().add(r0 * k), k, 1),
+                (solved.as_ptr(), k, 1),
+                -1.0,
+            );
+        }
+        // Forward substitution through L_bb, row by row over the block's first r1 columns.
+        for r in r0..r1 {
+            let (above, row) = block.split_at_mut((r - r0) * k);
+            let row = &mut row[..r1];
+            row[r] += 1.0;
+            for m in r0..r {
+                let lrm = l[r * k + m];
+                let xm = &above[(m - r0) * k..(m - r0) * k + r1];
+                row.iter_mut().zip(xm).for_each(|(v, &xv)| *v -= lrm * xv);
+            }
+            let d = l[r * k + r];
+            row.iter_mut().for_each(|v| *v /= d);
+        }
+    }
+    x
 }
 
 /// Σ a_i b_i over four lanes (i mod 4) summed in order: a fixed order the compiler can
@@ -233,73 +300,132 @@ fn dot(a: &[f64], b: &[f64]) -> f64 {
     (lanes[0] + lanes[1]) + (lanes[2] + lanes[3])
 }
 
-/// GPTQ's column sweep over one row: codes by the row's RTN multiplier, each rounding error
-/// passed on to the later columns through U.
-fn round_row(row: &[f32], codes: &mut [u8], u: &[f64], order: &[usize], dtype: QuantDtype) {
-    let k = row.len();
-    let (multiplier, scale) = numerics::row_multiplier(row, dtype);
-    let mut work: Vec<f64> = order.iter().map(|&j| f64::from(row[j])).collect();
-    for i in 0..k {
-        // Untouched values are the row's own f32, so with nothing passed on (H diagonal) every
-        // code is RTN's.
-        let v = work[i] as f32;
-        let code = numerics::encode(dtype, v * multiplier);
-        codes[order[i]] = code;
-        let rounded = f64::from(numerics::decode(dtype, code) * scale);
-        let e = (work[i] - rounded) / u[i * k + i];
-        if e != 0.0 {
-            let ui = &u[i * k + i + 1..(i + 1) * k];
-            work[i + 1..]
-                .iter_mut()
-                .zip(ui)
-                .for_each(|(w, &uij)| *w -= e * uij);
+/// GPTQ's column sweep over every row, [`BLOCK`] columns at a time: codes by each row's RTN
+/// multiplier, each rounding error passed on to the row's later columns through U. Within a
+/// block a row rounds its columns in turn and passes each error on to the block's later columns;
+/// the block's errors then reach every column after it in one product, E · U[block, after].
+/// Rows are independent, so they run in parallel.
+fn sweep(w: &[f32], n: usize, k: usize, u: &[f64], order: &[usize], dtype: QuantDtype) -> Vec<u8> {
+    let mut codes = vec![0u8; n * k];
+    if k == 0 {
+        return codes;
+    }
+    // Untouched values are the row's own f32, so with nothing passed on (H diagonal) every
+    // code is RTN's.
+    let mut work: Vec<f64> = w
+        .chunks(k)
+        .flat_map(|row| order.iter().map(|&j| f64::from(row[j])))
+        .collect();
+    let rows: Vec<(f32, f32)> = w
+        .chunks(k)
+        .map(|row| numerics::row_multiplier(row, dtype))
+        .collect();
+    let mut errors = vec![0f64; n * BLOCK];
+    for b0 in (0..k).step_by(BLOCK) {
+        let b1 = (b0 + BLOCK).min(k);
+        work.par_chunks_mut(k)
+            .zip(codes.par_chunks_mut(k))
+            .zip(errors.par_chunks_mut(BLOCK))
+            .zip(rows.par_iter())
+            .for_each(|(((row, c), e), &(multiplier, scale))| {
+                for i in b0..b1 {
+                    let code = numerics::encode(dtype, row[i] as f32 * multiplier);
+                    c[order[i]] = code;
+                    let rounded = f64::from(numerics::decode(dtype, code) * scale);
+                    let ei = (row[i] - rounded) / u[i * k + i];
+                    e[i - b0] = ei;
+                    if ei != 0.0 {
+                        let ui = &u[i * k + i + 1..i * k + b1];
+                        row[i + 1..b1]
+                            .iter_mut()
+                            .zip(ui)
+                            .for_each(|(v, &uij)| *v -= ei * uij);
+                    }
+                }
+            });
+        // SAFETY: the destination is columns b1.. of `work` ([n, k]); the product reads
+        // `errors` ([n, BLOCK], its first b1 − b0 columns) and rows b0..b1, columns b1.. of U.
+        unsafe {
+            gemm_f64(
+                (n, k - b1, b1 - b0),
+                work.as_mut_ptr().add(b1),
+                k,
+                (errors.as_ptr(), BLOCK, 1),
+                (u.as_ptr().add(b0 * k + b1), k, 1),
+                -1.0,
+            );
         }
+    }
+    codes
+}
+
+/// The relative output error `sqrt(Σ_r δ_rᵀ H δ_r / Σ_r w_rᵀ H w_r)` of a weight's codes, δ_r =
+/// w_r − decode(codes_r) · scale_r; 0 for a zero weight. The denominator is computed once for
+/// the weight and shared by every set of codes scored against it.
+struct OutputError<'a> {
+    w: &'a [f32],
+    k: usize,
+    h: &'a [f64],
+    norm: f64,
+}
+
+impl<'a> OutputError<'a> {
+    fn new(w: &'a [f32], k: usize, h: &'a [f64]) -> Self {
+        let wide: Vec<f64> = w.iter().map(|&v| f64::from(v)).collect();
+        OutputError {
+            w,
+            k,
+            h,
+            norm: quadratic_sum(&wide, k, h),
+        }
+    }
+
+    fn of(&self, codes: &[u8], scales: &[f32], dtype: QuantDtype) -> f64 {
+        if self.k == 0 || self.norm <= 0.0 {
+            return 0.0;
+        }
+        let delta: Vec<f64> = self
+            .w
+            .chunks(self.k)
+            .zip(codes.chunks(self.k))
+            .zip(scales)
+            .flat_map(|((row, c), &s)| {
+                row.iter().zip(c).map(move |(&v, &code)| {
+                    f64::from(v) - f64::from(numerics::decode(dtype, code) * s)
+                })
+            })
+            .collect();
+        (quadratic_sum(&delta, self.k, self.h) / self.norm)
+            .max(0.0)
+            .sqrt()
     }
 }
 
-/// `sqrt(Σ_r δ_rᵀ H δ_r / Σ_r w_rᵀ H w_r)`, δ_r = w_r − decode(codes_r) · scale_r; 0 for a zero
-/// weight.
-fn output_error(
-    w: &[f32],
-    k: usize,
-    codes: &[u8],
-    scales: &[f32],
-    dtype: QuantDtype,
-    h: &[f64],
-) -> f64 {
+/// Σ_r v_rᵀ H v_r over the rows of `v` (`[n, k]`), by products of [`BLOCK`] rows at a time.
+fn quadratic_sum(v: &[f64], k: usize, h: &[f64]) -> f64 {
     if k == 0 {
         return 0.0;
     }
-    let quad = |v: &[f64]| -> f64 {
-        (0..k)
-            .map(|i| {
-                let hi = &h[i * k..(i + 1) * k];
-                v[i] * dot(hi, v)
-            })
-            .sum()
-    };
-    let per_row: Vec<(f64, f64)> = w
-        .par_chunks(k)
-        .zip(codes.par_chunks(k))
-        .zip(scales.par_iter())
-        .map(|((row, c), &s)| {
-            let wr: Vec<f64> = row.iter().map(|&v| f64::from(v)).collect();
-            let d: Vec<f64> = row
-                .iter()
-                .zip(c)
-                .map(|(&v, &code)| f64::from(v) - f64::from(numerics::decode(dtype, code) * s))
-                .collect();
-            (quad(&d), quad(&wr))
+    let mut product = vec![0f64; BLOCK * k];
+    v.chunks(BLOCK * k)
+        .map(|rows| {
+            let m = rows.len() / k;
+            let out = &mut product[..m * k];
+            out.fill(0.0);
+            // SAFETY: `rows` is [m, k], H [k, k] and `out` [m, k], a buffer of its own.
+            unsafe {
+                gemm_f64(
+                    (m, k, k),
+                    out.as_mut_ptr(),
+                    k,
+                    (rows.as_ptr(), k, 1),
+                    (h.as_ptr(), k, 1),
+                    1.0,
+                );
+            }
+            dot(rows, out)
         })
-        .collect();
-    let (err, norm) = per_row
-        .iter()
-        .fold((0.0, 0.0), |(e, n), &(a, b)| (e + a, n + b));
-    if norm > 0.0 {
-        (err / norm).max(0.0).sqrt()
-    } else {
-        0.0
-    }
+        .sum()
 }
 
 #[cfg(test)]
@@ -409,24 +535,78 @@ mod tests {
     }
 
     #[test]
-    fn inverse_cholesky_factor_reconstructs_the_inverse() {
-        let k = 12;
-        let (gram, _) = correlated_gram(k, 50, 5);
-        let h: Vec<f64> = gram.iter().map(|&v| f64::from(v) / 50.0).collect();
-        let order: Vec<usize> = (0..k).collect();
+    fn the_blocked_sweep_gives_the_column_by_column_codes() {
+        // 300 columns: the block products carry errors across two block boundaries.
+        let (n, k, rows) = (9, 300, 400);
+        let (gram, _) = correlated_gram(k, rows, 13);
+        let h: Vec<f64> = gram.iter().map(|&v| f64::from(v) / rows as f64).collect();
+        let order = column_order(&h, k, true);
         let u = inverse_cholesky_upper(&h, k, &order, 0.01).unwrap();
-        // (Uᵀ U) · H_damped = I.
-        let mean_diag = (0..k).map(|i| h[i * k + i]).sum::<f64>() / k as f64;
-        for i in 0..k {
-            for j in 0..k {
-                let mut s = 0.0;
-                for m in 0..k {
-                    let inv_im: f64 = (0..k).map(|t| u[t * k + i] * u[t * k + m]).sum();
-                    let hd = h[m * k + j] + if m == j { 0.01 * mean_diag } else { 0.0 };
-                    s += inv_im * hd;
+        let mut r = stream(17);
+        let w: Vec<f32> = (0..n * k).map(|_| r() * 0.5).collect();
+        for dtype in QuantDtype::ALL {
+            let blocked = sweep(&w, n, k, &u, &order, dtype);
+            // The sweep as the paper states it: every error passed on to every later column
+            // at once.
+            let mut flipped = 0;
+            for (row, got) in w.chunks(k).zip(blocked.chunks(k)) {
+                let (multiplier, scale) = numerics::row_multiplier(row, dtype);
+                let mut work: Vec<f64> = order.iter().map(|&j| f64::from(row[j])).collect();
+                for i in 0..k {
+                    let code = numerics::encode(dtype, work[i] as f32 * multiplier);
+                    flipped += usize::from(code != got[order[i]]);
+                    let rounded = f64::from(numerics::decode(dtype, code) * scale);
+                    let e = (work[i] - rounded) / u[i * k + i];
+                    for j in i + 1..k {
+                        work[j] -= e * u[i * k + j];
+                    }
                 }
-                let want = if i == j { 1.0 } else { 0.0 };
-                assert!((s - want).abs() < 1e-8, "({i},{j}) {s}");
+            }
+            assert_eq!(flipped, 0, "{dtype}");
+        }
+    }
+
+    #[test]
+    fn inverse_cholesky_factor_reconstructs_the_inverse() {
+        // 12 columns: one block; 300: two whole blocks and a partial one, in a shuffled order.
+        for k in [12, 300] {
+            let rows = k + 40;
+            let (gram, _) = correlated_gram(k, rows, 5);
+            let h: Vec<f64> = gram.iter().map(|&v| f64::from(v) / rows as f64).collect();
+            let order: Vec<usize> = (0..k).map(|i| (i * 7) % k).collect();
+            let mut sorted = order.clone();
+            sorted.sort_unstable();
+            assert!(
+                sorted.iter().enumerate().all(|(i, &v)| i == v),
+                "a permutation"
+            );
+            let u = inverse_cholesky_upper(&h, k, &order, 0.01).unwrap();
+            for i in 0..k {
+                assert!(u[i * k + i] > 0.0);
+                assert!((0..i).all(|j| u[i * k + j] == 0.0), "U is upper triangular");
+            }
+            // (Uᵀ U) · H_damped = I, with H permuted into `order`.
+            let mean_diag = (0..k).map(|i| h[i * k + i]).sum::<f64>() / k as f64;
+            let mut inv = vec![0.0; k * k];
+            for t in 0..k {
+                for i in t..k {
+                    for m in t..k {
+                        inv[i * k + m] += u[t * k + i] * u[t * k + m];
+                    }
+                }
+            }
+            for i in 0..k {
+                for j in 0..k {
+                    let s: f64 = (0..k)
+                        .map(|m| {
+                            let hd = h[order[m] * k + order[j]]
+                                + if m == j { 0.01 * mean_diag } else { 0.0 };
+                            inv[i * k + m] * hd
+                        })
+                        .sum();
+                    let want = if i == j { 1.0 } else { 0.0 };
+                    assert!((s - want).abs() < 1e-8, "k {k} ({i},{j}) {s}");
+                }
             }
         }
     }
