@@ -160,7 +160,6 @@ const F64_DEPTH: usize = 128;
 ///
 /// # Safety
 /// The views must lie inside their buffers, and `dst` must not overlap `lhs` or `rhs`.
-#[allow(clippy::too_many_arguments)] // three strided views, by name
 unsafe fn gemm_f64(
     (m, n, depth): (usize, usize, usize),
     dst: *mut f64,

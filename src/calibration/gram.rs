@@ -83,6 +83,13 @@ impl Observer for GramObserver {
                 .all(|(a, b)| a.to_bits() == b.to_bits());
         if !same {
             self.last_product.resize(cols * cols, 0.0);
+            // Split across the pool only when fewer utterances than threads are in flight (a
+            // large model calibrated on a few utterances); the sums are the same either way.
+            let parallelism = if crate::parallel::inner_parallelism() {
+                gemm::Parallelism::Rayon(rayon::current_num_threads())
+            } else {
+                gemm::Parallelism::None
+            };
             // SAFETY: xᵀ is [cols, rows] with row stride 1 and column stride cols over x's
             // rows·cols elements, x is [rows, cols] row-major, and the product is [cols, cols].
             unsafe {
@@ -99,7 +106,7 @@ impl Observer for GramObserver {
                     cols,
                     1,
                     1.0,
-                    gemm::Parallelism::None,
+                    parallelism,
                 );
             }
             self.last_input.clear();
@@ -201,6 +208,19 @@ mod tests {
         if cfg!(target_os = "linux") {
             assert!(available_memory().is_some_and(|b| b > 0));
         }
+    }
+
+    #[test]
+    fn the_gram_is_the_same_bits_split_across_the_pool_or_not() {
+        let (rows, cols) = (600, 700);
+        let x: Vec<f32> = (0..rows * cols).map(|i| (i as f32 * 0.013).sin()).collect();
+        let gram = |alone: bool| {
+            let mut o = GramObserver::new(["l".to_string()]);
+            let side_by_side = if alone { usize::MAX } else { 1 };
+            crate::parallel::one_utterance(side_by_side, || o.observe("l", &x, cols));
+            o.take("l").map(|(g, _)| g.iter().map(|v| v.to_bits()).collect::<Vec<_>>())
+        };
+        assert_eq!(gram(true), gram(false));
     }
 
     #[test]
