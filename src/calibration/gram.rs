@@ -218,7 +218,8 @@ mod tests {
             let mut o = GramObserver::new(["l".to_string()]);
             let side_by_side = if alone { usize::MAX } else { 1 };
             crate::parallel::one_utterance(side_by_side, || o.observe("l", &x, cols));
-            o.take("l").map(|(g, _)| g.iter().map(|v| v.to_bits()).collect::<Vec<_>>())
+            o.take("l")
+                .map(|(g, _)| g.iter().map(|v| v.to_bits()).collect::<Vec<_>>())
         };
         assert_eq!(gram(true), gram(false));
     }
