@@ -555,6 +555,7 @@ impl Quantizer {
                         DecoderPass::Decode,
                         || FullPrecision,
                         AbsMaxObserver::default,
+                        usize::MAX,
                     )
                 };
                 let pass = if !early_targets.is_empty() {
@@ -570,6 +571,7 @@ impl Quantizer {
                                 first: AbsMaxObserver::default(),
                                 second: HistogramObserver::new(&early_targets),
                             },
+                            usize::MAX,
                         )?;
                     histograms = Some(both.observer.second);
                     Arc::new(Observed {
@@ -657,6 +659,7 @@ impl Quantizer {
                         decoder_for(late_targets.keys().any(|l| layout.in_decode_step(l))),
                         || smoothquant::RuntimeSmoothedExec { smooth_inv },
                         || HistogramObserver::new(&late_targets),
+                        usize::MAX,
                     )?
                     .observer,
                 );
@@ -665,31 +668,19 @@ impl Quantizer {
                 // GPTQ weighs each linear layer's rounding error by its inputs (a convolution's
                 // input is not a GEMM input here; it keeps RTN).
                 let layers: Vec<String> = gptq_layers.iter().map(|l| l.name.clone()).collect();
-                let mut pass = || {
-                    calibration_pass(
-                        &mut self.progress,
-                        Stage::CalibratingGptq,
-                        model,
-                        &set,
-                        decoder_for(layers.iter().any(|l| layout.in_decode_step(l))),
-                        || smoothquant::RuntimeSmoothedExec { smooth_inv },
-                        || GramObserver::new(layers.iter().cloned()),
-                    )
-                };
-                grams = if workers < rayon::current_num_threads() {
-                    // Fewer workers than threads: the bits are the same (observers merge in
-                    // utterance order), only memory and speed differ.
-                    rayon::ThreadPoolBuilder::new()
-                        .num_threads(workers)
-                        .build()
-                        .map_err(|e| Error::Model {
-                            what: "gptq".into(),
-                            message: format!("could not start {workers} calibration threads: {e}"),
-                        })?
-                        .install(pass)?
-                } else {
-                    pass()?
-                }
+                // At most `workers` utterances in flight, as many as their Σ x xᵀ fit: the bits
+                // are the same (observers merge in utterance order), only memory and speed
+                // differ.
+                grams = calibration_pass(
+                    &mut self.progress,
+                    Stage::CalibratingGptq,
+                    model,
+                    &set,
+                    decoder_for(layers.iter().any(|l| layout.in_decode_step(l))),
+                    || smoothquant::RuntimeSmoothedExec { smooth_inv },
+                    || GramObserver::new(layers.iter().cloned()),
+                    workers,
+                )?
                 .observer;
                 // A runtime smoother multiplies the observed input by 1/s per channel.
                 for (layer, inv) in smooth_inv {
@@ -973,6 +964,7 @@ fn calibration_pass<O, E>(
     decoder: DecoderPass<'_>,
     exec: impl Fn() -> E + Sync,
     observer: impl Fn() -> O + Sync,
+    in_flight: usize,
 ) -> Result<Observed<O>>
 where
     O: calibration::Observer,
@@ -981,7 +973,7 @@ where
     let total = set.utterances.len() as u64;
     report(progress, stage, 0, total, "");
     let sink = Mutex::new(progress);
-    calibration::observe_with(t, set, decoder, exec, observer, |done, _, id| {
+    calibration::observe_in_flight(t, set, decoder, exec, observer, in_flight, |done, _, id| {
         if let Ok(mut progress) = sink.lock() {
             report(&mut progress, stage, done as u64, total, id);
         }

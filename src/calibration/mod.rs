@@ -12,5 +12,8 @@ pub use histogram::{
     BINS as HISTOGRAM_BINS,
 };
 pub use observer::{AbsMaxObserver, BothObservers, Observer, ObservingExec};
-pub use run::{observe, observe_with, CalibrationSet, DecoderPass, Observed, DEFAULT_UTTERANCES};
+pub use run::{
+    observe, observe_in_flight, observe_with, CalibrationSet, DecoderPass, Observed,
+    DEFAULT_UTTERANCES,
+};
 pub use shared::SharedObservations;

@@ -130,6 +130,26 @@ where
     O: Observer,
     E: LinearExec,
 {
+    observe_in_flight(t, set, decoder, exec, observer, usize::MAX, progress)
+}
+
+/// [`observe_with`] with at most `in_flight` utterances observed at once (each holds its own
+/// observer: GPTQ's are large). The pool's threads all still work: with fewer utterances in
+/// flight than threads, each utterance's products split across the pool. The result is the same
+/// bits whatever `in_flight` (observers merge in utterance order).
+pub fn observe_in_flight<O, E>(
+    t: &dyn SpeechModel,
+    set: &CalibrationSet,
+    decoder: DecoderPass<'_>,
+    exec: impl Fn() -> E + Sync,
+    observer: impl Fn() -> O + Sync,
+    in_flight: usize,
+    progress: impl Fn(usize, usize, &str) + Sync,
+) -> Result<Observed<O>>
+where
+    O: Observer,
+    E: LinearExec,
+{
     if let DecoderPass::Tokens(tokens) = decoder {
         if tokens.len() != set.utterances.len() {
             return Err(Error::Model {
@@ -157,7 +177,9 @@ where
     // and the observers finish nearly in order, so few wait in `pending`.
     let next_utterance = AtomicUsize::new(0);
     let failed = AtomicBool::new(false);
-    let workers = rayon::current_num_threads().clamp(1, total.max(1));
+    let workers = rayon::current_num_threads()
+        .min(in_flight)
+        .clamp(1, total.max(1));
     let per_worker = (0..workers)
         .into_par_iter()
         .map(|_| {
@@ -168,7 +190,7 @@ where
                     break;
                 };
                 let (o, tokens) =
-                    one_utterance(total, || observe_one(t, u, i, decoder, &observer, &exec))
+                    one_utterance(workers, || observe_one(t, u, i, decoder, &observer, &exec))
                         .map_err(|e| {
                             failed.store(true, Ordering::Relaxed);
                             Error::Utterance {
