@@ -172,9 +172,10 @@ where
         next: 0,
         done: 0,
     });
-    // Utterances are handed out in order, one at a time, to one worker per thread: each takes
-    // the next when it is free (a thread whose utterances decode long keeps no others waiting),
-    // and the observers finish nearly in order, so few wait in `pending`.
+    // Utterances are handed out in order, one at a time, to one worker per thread (at most
+    // `in_flight` workers): each takes the next when it is free (a thread whose utterances decode
+    // long keeps no others waiting), and the observers finish nearly in order, so few wait in
+    // `pending`.
     let next_utterance = AtomicUsize::new(0);
     let failed = AtomicBool::new(false);
     let workers = rayon::current_num_threads()
