@@ -954,8 +954,9 @@ impl Quantizer {
     }
 }
 
-/// One calibration pass over the set with fresh observers per utterance, merged; progress is
-/// reported as `stage`.
+/// One calibration pass over the set with fresh observers per utterance, merged, at most
+/// `in_flight` utterances at once; progress is reported as `stage`.
+#[allow(clippy::too_many_arguments)] // what the pass runs and observes, by name
 fn calibration_pass<O, E>(
     progress: &mut Option<ProgressFn>,
     stage: Stage,
