@@ -7,10 +7,12 @@
 # stages two parts under .dev-out/acc, each under the 64 MiB a device call may carry:
 #   a/  the stripped, gzipped binary and the first part of tiny.en's model.bin
 #   b/  the rest of the model and every manifest of assets.env with its audio as FLAC (lossless:
-#       the decoded samples are those of the WAV files)
-# On the device machine, in two calls back to back (the machine keeps /root/acc while warm):
+#       the decoded samples are those of the WAV files), except the long set's audio
+#   c/, d/  the long set's audio (crossdomain/gate-long.jsonl, 66 MB of FLAC), in two halves
+# On the device machine, in calls back to back (the machine keeps /root/acc while warm):
 #   benches/accuracy-device-run.sh --install a        # carry .dev-out/acc/a
 #   benches/accuracy-device-run.sh --install b        # carry .dev-out/acc/b
+#   benches/accuracy-device-run.sh --install c        # and d: only for the `long` profiles
 # then, in the same or a later call while the machine is warm:
 #   benches/accuracy-device-run.sh GATE.toml PROFILE [gate options...]
 # which runs `oasr-quantize gate GATE.toml --profile PROFILE --json $OUT/<gate>-<profile>.json`.
@@ -58,7 +60,18 @@ PY
         echo "$key=$ACC/$rel" >> "$STAGE/b/assets.env"
     done < "$src/assets.env"
     echo "OASR_WHISPER_TINY_EN=$ACC/whisper-tiny.en" >> "$STAGE/b/assets.env"
-    du -sh "$STAGE/a" "$STAGE/b"
+    # The long set alone is over one call's 64 MiB: its audio travels in two parts of its own.
+    long=$(grep '^OASR_XDOMAIN_LONG_MANIFEST=' "$src/assets.env" | cut -d= -f2-)
+    if [[ -n $long ]]; then
+        rel=${long#"$src"/}
+        mkdir -p "$STAGE/c/$(dirname "$rel")/flac" "$STAGE/d/$(dirname "$rel")/flac"
+        python3 -c 'import json,sys; [print(json.loads(l)["audio"]) for l in open(sys.argv[1]) if l.strip()]' \
+            "$STAGE/b/$rel" | awk '{ print (NR % 2 ? "c" : "d") " " $0 }' |
+            while read -r part a; do
+                mv "$STAGE/b/$(dirname "$rel")/$a" "$STAGE/$part/$(dirname "$rel")/$a"
+            done
+    fi
+    du -sh "$STAGE"/*/
     exit 0
 fi
 

@@ -10,6 +10,8 @@
 #   benches/fp8-gpu-device-run.sh variants [PROFILE]   # there, while warm: the other schemes
 #   benches/fp8-gpu-device-run.sh speed                # there: bench-gemm per scheme
 #   GATE=benches/fp8-gpu.toml benches/fp8-gpu-device-run.sh gate cross_domain   # every utterance
+#   ENTRIES="fp8_rtn" benches/fp8-gpu-device-run.sh gate long    # the long set (installs c and d)
+#   SCHEMES=mma benches/fp8-gpu-device-run.sh variants long      # only the mma.sync kernels
 #
 # The schemes: wgmma promoting every 128 K elements into the f32 master accumulator (the
 # default), every 64 or 32 (OASR_NVRTC_OPTIONS=-DOASR_WGMMA_FP8_PROMOTE=N), and the mma.sync
@@ -36,24 +38,42 @@ echo "$(nproc) cores"
 GATE=${GATE:-calib/gate.toml}
 read -r -a ENTRIES <<< "${ENTRIES:-fp8_rtn smoothquant_fp8 fused_fp8 portable_fp8}"
 # name and environment of each GPU scheme besides the default
-VARIANTS=("p64 OASR_NVRTC_OPTIONS=-DOASR_WGMMA_FP8_PROMOTE=64"
-          "p32 OASR_NVRTC_OPTIONS=-DOASR_WGMMA_FP8_PROMOTE=32"
-          "mma OASR_CUDA_GEMM=mma")
+VARIANTS=()
+for v in "p64 OASR_NVRTC_OPTIONS=-DOASR_WGMMA_FP8_PROMOTE=64" \
+         "p32 OASR_NVRTC_OPTIONS=-DOASR_WGMMA_FP8_PROMOTE=32" \
+         "mma OASR_CUDA_GEMM=mma"; do
+    [[ " ${SCHEMES:-p64 p32 mma} " == *" ${v%% *} "* ]] && VARIANTS+=("$v")
+done
 
 work=/tmp/fp8-gate
 profile=${2:-ci}
 limit=$([[ $profile == ci ]] && echo 24 || echo 100000)
+# the sets `variants` verifies on: the long profile's one set, else both gates
+if [[ $profile == long ]]; then
+    SETS=("cross_domain_long:${OASR_XDOMAIN_LONG_MANIFEST:-}")
+else
+    SETS=("in_domain:${OASR_GATE_MANIFEST:-}" "cross_domain:${OASR_XDOMAIN_GATE_MANIFEST:-}")
+fi
 case "${1:-}" in
 gate)
     # The default scheme, judged by the gate against the CPU reference of the same checkpoints
-    # (kept in $work for `variants`, while the machine is warm).
-    rm -rf "$work"
-    mkdir -p "$OUT/r"
+    # (kept in $work for `variants`, while the machine is warm; a later call's entries add to
+    # the earlier calls' report).
+    mkdir -p "$OUT/r" "$work"
     only=()
-    for e in "${ENTRIES[@]}"; do only+=(--only "$e"); done
+    for e in "${ENTRIES[@]}"; do only+=(--only "$e"); rm -rf "${work:?}/$e"; done
     "$B" gate "$GATE" --profile "$profile" "${only[@]}" --device cuda --keep "$work" \
         --json "$OUT/r/gate-p128.json" 2>&1 | grep -v '^ *\[' | tee "$OUT/r/gate-p128.log"
-    cp "$OUT/r/gate-p128.json" /tmp/gate-p128.json
+    python3 - "$OUT/r/gate-p128.json" /tmp/gate-p128.json <<'EOF3'
+import json, os, sys
+new, acc = sys.argv[1], sys.argv[2]
+report = json.load(open(new))
+if os.path.exists(acc):
+    old = json.load(open(acc))
+    names = {(r["name"], r["set"]) for r in report["results"]}
+    report["results"] = [r for r in old["results"] if (r["name"], r["set"]) not in names] + report["results"]
+json.dump(report, open(acc, "w"))
+EOF3
     tar -C "$OUT" -czf "$OUT/fp8-gate.tgz" r && rm -rf "$OUT/r"
     ;;
 variants)
@@ -62,7 +82,7 @@ variants)
     for v in "${VARIANTS[@]}"; do
         read -r name envs <<< "$v"
         for e in "${ENTRIES[@]}"; do
-            for set in in_domain:$OASR_GATE_MANIFEST cross_domain:$OASR_XDOMAIN_GATE_MANIFEST; do
+            for set in "${SETS[@]}"; do
                 env $envs "$B" verify "$work/$e" --reference "$OASR_WHISPER_TINY_EN" \
                     --manifest "${set#*:}" --limit "$limit" --device cuda \
                     --json "$OUT/r/$name-$e-${set%%:*}.json" > "$OUT/r/$name-$e-${set%%:*}.log" 2>&1 ||
@@ -78,6 +98,8 @@ gate = json.loads((r / "gate-p128.json").read_text())
 print("| entry | set | cpu mean (min) | wgmma p128 | p64 | p32 | mma.sync |")
 print("|---|---|---|---|---|---|---|")
 for g in gate["results"]:
+    if not g.get("cpu_reference"):
+        continue
     cpu = g["cpu_reference"]
     cells = [f"{cpu['cosine_mean']:.6f} ({cpu['cosine_min']:.3f})"]
     tf = g["verify"]["teacher_forced"]

@@ -19,6 +19,12 @@ For the full-precision export (--fp) and every quantized export (--quantized, on
 Exit status: 0 all checks passed; 1 a load problem or |WER_q(transformers) - WER_q(verify)| above
 --wer-tolerance; 2 bad arguments or inputs.
 
+`--served-numerics` is a diagnostic, not the check: it makes compressed-tensors' simulation compute
+what the served kernels (and `verify`) compute, in the two places they differ — the dynamic int8
+input scale amax/127 (compressed-tensors: amax/127.5) and each quantized layer's output rounded
+once to f16 (compressed-tensors keeps f32) — so that what is left between the two sides is f32
+reassociation.
+
 `python3 check_transformers.py --self-test` runs the WER-normalisation tests (no torch needed).
 """
 
@@ -495,6 +501,8 @@ class LoadedModel:
                 self.notes.append(f"benign (the target did match and is quantized): {msg}")
             else:
                 self.problems.append(f"load message: {msg}")
+        if args.served_numerics:
+            round_outputs_to_f16(model, quantized_names, torch)
         if hasattr(model, "ct_decompress_hook"):
             self.problems.append("compressed-tensors' decompression hook is still registered "
                                  "after the first forward")
@@ -563,6 +571,34 @@ class LoadedModel:
         return logits[0, p - 1: p + len(tokens)].to(device="cpu", dtype=torch.float64)
 
 
+def use_served_int8_scale() -> None:
+    """Dynamic symmetric int8 inputs scaled by amax/127, as the served kernels and `verify` do;
+    compressed-tensors divides by half its integer range, 255 / 2 = 127.5 (fp8's range, 896 / 2 =
+    448, is already the served divisor)."""
+    from compressed_tensors.quantization import QuantizationType
+    from compressed_tensors.quantization.utils import helpers
+
+    original = helpers.calculate_qparams
+
+    def served(min_vals, max_vals, args, global_scale=None):
+        scales, zero_points = original(min_vals, max_vals, args, global_scale=global_scale)
+        if args.symmetric and _enum_value(args.type) == _enum_value(QuantizationType.INT):
+            q_min, q_max = helpers.calculate_range(args, scales.device)
+            scales = scales * ((q_max - q_min) / 2 / q_max).to(scales.dtype)
+        return scales, zero_points
+
+    helpers.calculate_qparams = served  # compute_dynamic_scales_and_zp looks it up here
+
+
+def round_outputs_to_f16(model, names: set, torch) -> None:
+    """Each quantized layer's output (bias included) rounded once to f16, as the served scaled
+    GEMM's epilogue writes it."""
+    for name, module in model.named_modules():
+        if name in names:
+            module.register_forward_hook(
+                lambda _m, _i, out: out.to(torch.float16).to(out.dtype))
+
+
 def row_metrics(fp_rows, q_rows, torch) -> dict:
     """Per-row cosine, centred cosine, KL(fp || q) and top-1 agreement (all float64)."""
     def cos(a, b):
@@ -611,6 +647,10 @@ def parse_args(argv):
                         "transcribe() padding; 'processor': WhisperFeatureExtractor's own, "
                         "which pads the audio, not the log-mel, and so decodes short clips "
                         "differently")
+    p.add_argument("--served-numerics", action="store_true",
+                   help="diagnostic: simulate the served kernels' numerics (dynamic int8 scale "
+                        "amax/127, quantized outputs rounded to f16) instead of "
+                        "compressed-tensors' own")
     p.add_argument("--device", default="cpu", help="torch device (default cpu)")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch default)")
     p.add_argument("--self-test", action="store_true",
@@ -647,6 +687,8 @@ def main(argv=None) -> int:
     transformers.utils.logging.set_verbosity_warning()
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.served_numerics:
+        use_served_int8_scale()
     # On a GPU, float32 stays float32 (torch lets convolutions use TF32 by default).
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
