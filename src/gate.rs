@@ -851,7 +851,12 @@ pub fn record(config: &GateConfig, profile: &str, results: &[GateResult]) -> Res
         };
         let refs = table
             .entry("reference_wer")
-            .or_insert_with(|| toml_edit::Item::Table(toml_edit::Table::new()))
+            .or_insert_with(|| {
+                // Implicit: only its profile tables get a header, not an empty [entry.reference_wer].
+                let mut t = toml_edit::Table::new();
+                t.set_implicit(true);
+                toml_edit::Item::Table(t)
+            })
             .as_table_like_mut()
             .ok_or_else(not_table)?
             .entry(profile)

@@ -19,6 +19,10 @@ const BUILT_IN: &[(&str, &str)] = &[
     ),
     ("fp8_w8a8_rtn", include_str!("../recipes/fp8_w8a8_rtn.toml")),
     (
+        "fp8_w8a8_rtn_keep",
+        include_str!("../recipes/fp8_w8a8_rtn_keep.toml"),
+    ),
+    (
         "smoothquant_w8a8",
         include_str!("../recipes/smoothquant_w8a8.toml"),
     ),
@@ -297,6 +301,17 @@ mod tests {
             assert_eq!(&recipe.name, name);
         }
         assert_eq!(Recipe::built_in().len(), BUILT_IN.len());
+    }
+
+    #[test]
+    fn fp8_rtn_keep_is_fp8_rtn_with_the_smoothquant_keep_list() {
+        let keep = Recipe::load("fp8_w8a8_rtn_keep").unwrap();
+        let rtn = Recipe::load("fp8_w8a8_rtn").unwrap();
+        let smoothquant = Recipe::load("smoothquant_fp8_w8a8").unwrap();
+        assert_eq!(keep.keep_full_precision, smoothquant.keep_full_precision);
+        assert_eq!(keep.algorithms, rtn.algorithms);
+        assert_eq!(keep.scheme, rtn.scheme);
+        assert!(!keep.calibration);
     }
 
     #[test]

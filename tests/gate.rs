@@ -54,6 +54,11 @@ fn gate_fails_without_reference_records_and_then_passes() {
     assert!(ok, "{out}\n{err}");
     let text = std::fs::read_to_string(&gate).unwrap();
     assert!(text.starts_with("# kept comment\n"), "{text}");
+    // The profile's table gets a header; the table holding the profiles does not.
+    assert!(
+        text.contains("[entry.reference_wer.tiny]") && !text.contains("[entry.reference_wer]\n"),
+        "{text}"
+    );
     let report: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     let parsed: toml::Value = toml::from_str(&text).unwrap();
