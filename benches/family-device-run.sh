@@ -12,6 +12,7 @@
 #   THREADS=2 benches/family-device-run.sh calib SIZE...   # calibration on 2 cores only
 #   benches/family-device-run.sh cost SIZE...       # per utterance, one greedy decoding, vs FLOPs
 #   benches/family-device-run.sh recipes SIZE...    # every built-in recipe: time, RSS, the spec read back
+#   RECIPES="fp8_w8a8_rtn_keep" benches/family-device-run.sh recipes SIZE...   # only these
 #   (CALIB_UTTS=N at --stage: calibrate on the first N utterances instead of 2)
 # Every checkpoint is seeded random weights (examples/whisper_family.rs): cost, not accuracy.
 set -euo pipefail
@@ -163,7 +164,12 @@ recipes)
     nproc | sed 's/^/cores\t/' | tee -a "$OUT/scale.tsv"
     for size in "$@"; do
         src=$(source_of "$size")
-        for toml in recipes/*.toml; do   # the built-in recipes are these files
+        tomls=(recipes/*.toml)   # the built-in recipes are these files
+        if [[ -n ${RECIPES:-} ]]; then
+            tomls=()
+            for r in $RECIPES; do tomls+=("recipes/$r.toml"); done
+        fi
+        for toml in "${tomls[@]}"; do
             recipe=$(basename "$toml" .toml)
             calib=()
             grep -q '^calibration = true' "$toml" &&
