@@ -24,18 +24,19 @@ RESAMPLES = 2000
 SEED = 7
 
 
-def interval(a: list[int], b: list[int], words: list[int]) -> tuple[float, float, float]:
-    """WER(a) − WER(b) in points, and its 95 % paired-bootstrap interval."""
+def interval(a: list[float], b: list[float], weights: list[float]) -> tuple[float, float, float]:
+    """Σa/Σw − Σb/Σw over the items (utterances), and its 95 % paired-bootstrap interval: with
+    a and b word errors and w reference words, the difference of two WERs (as fractions)."""
     rng = random.Random(SEED)
-    n = len(words)
+    n = len(weights)
     diffs = [x - y for x, y in zip(a, b)]
     draws = []
     for _ in range(RESAMPLES):
         picks = [rng.randrange(n) for _ in range(n)]
-        w = sum(words[k] for k in picks)
-        draws.append(100.0 * sum(diffs[k] for k in picks) / w if w else 0.0)
+        w = sum(weights[k] for k in picks)
+        draws.append(sum(diffs[k] for k in picks) / w if w else 0.0)
     draws.sort()
-    return 100.0 * sum(diffs) / sum(words), draws[int(0.025 * RESAMPLES)], draws[int(0.975 * RESAMPLES)]
+    return sum(diffs) / sum(weights), draws[int(0.025 * RESAMPLES)], draws[int(0.975 * RESAMPLES)]
 
 
 def main() -> int:
@@ -78,7 +79,7 @@ def main() -> int:
         for name, verify in entries.items():
             if name == args.against:
                 continue
-            delta, lo, hi = interval(errors(verify, "quantized"), base, words)
+            delta, lo, hi = (100.0 * x for x in interval(errors(verify, "quantized"), base, words))
             print(f"  {name:28s} {delta:+.2f}  [{lo:+.2f}, {hi:+.2f}]")
     return 0
 

@@ -23,6 +23,10 @@ const BUILT_IN: &[(&str, &str)] = &[
         include_str!("../recipes/fp8_w8a8_rtn_keep.toml"),
     ),
     (
+        "fp8_w8a8_gptq_keep",
+        include_str!("../recipes/fp8_w8a8_gptq_keep.toml"),
+    ),
+    (
         "smoothquant_w8a8",
         include_str!("../recipes/smoothquant_w8a8.toml"),
     ),
@@ -304,14 +308,19 @@ mod tests {
     }
 
     #[test]
-    fn fp8_rtn_keep_is_fp8_rtn_with_the_smoothquant_keep_list() {
-        let keep = Recipe::load("fp8_w8a8_rtn_keep").unwrap();
-        let rtn = Recipe::load("fp8_w8a8_rtn").unwrap();
-        let smoothquant = Recipe::load("smoothquant_fp8_w8a8").unwrap();
-        assert_eq!(keep.keep_full_precision, smoothquant.keep_full_precision);
-        assert_eq!(keep.algorithms, rtn.algorithms);
-        assert_eq!(keep.scheme, rtn.scheme);
-        assert!(!keep.calibration);
+    fn the_fp8_keep_recipes_are_the_smoothquant_fp8_recipes_without_smoothing() {
+        for (keep, smoothed) in [
+            ("fp8_w8a8_rtn_keep", "smoothquant_fp8_w8a8"),
+            ("fp8_w8a8_gptq_keep", "smoothquant_fp8_w8a8_gptq"),
+        ] {
+            let keep = Recipe::load(keep).unwrap();
+            let smoothed = Recipe::load(smoothed).unwrap();
+            assert_eq!(keep.keep_full_precision, smoothed.keep_full_precision);
+            assert_eq!(keep.scheme, smoothed.scheme);
+            assert_eq!(smoothed.algorithms[0].name, "smoothquant");
+            assert_eq!(keep.algorithms, smoothed.algorithms[1..]);
+        }
+        assert!(!Recipe::load("fp8_w8a8_rtn_keep").unwrap().calibration);
     }
 
     #[test]
