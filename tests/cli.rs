@@ -44,12 +44,12 @@ fn quantize_inspect_and_recipes() {
 
     let (ok, out, _) = cli(&["recipes"]);
     assert!(ok);
-    // One line per recipe, and a second for the seven that keep layers full precision.
-    assert_eq!(out.lines().count(), 16, "{out}");
+    // One line per recipe, and a second for the nine that keep layers full precision.
+    assert_eq!(out.lines().count(), 20, "{out}");
     assert_eq!(
         out.matches("keeps full precision: decoder.layers.*.fc2")
             .count(),
-        7,
+        9,
         "{out}"
     );
     assert!(out.lines().next().unwrap().starts_with("int8_w8a8_rtn "));
