@@ -22,6 +22,10 @@ ACC=/root/acc
 STAGE=.dev-out/acc
 
 if [[ "${1:-}" == "--stage" ]]; then
+    # audio_paths MANIFEST: each line's `audio` path, as written in the manifest
+    audio_paths() {
+        python3 -c 'import json,sys; [print(json.loads(l)["audio"]) for l in open(sys.argv[1]) if l.strip()]' "$1"
+    }
     src=${OASR_CACHE_DIR:-$HOME/.cache/oasr-quantize}
     rm -rf "$STAGE"
     mkdir -p "$STAGE/a" "$STAGE/b/whisper-tiny.en"
@@ -51,7 +55,7 @@ with open(src) as f, open(dst, "w") as out:
             u["audio"] = "flac/" + name + ".flac"
             out.write(json.dumps(u) + "\n")
 PY
-        python3 -c 'import json,sys; [print(json.loads(l)["audio"]) for l in open(sys.argv[1]) if l.strip()]' "$path" |
+        audio_paths "$path" |
             while read -r a; do
                 name=$(basename "$a" .wav)
                 [[ -f "$STAGE/b/$dir/flac/$name.flac" ]] ||
@@ -65,8 +69,7 @@ PY
     if [[ -n $long ]]; then
         rel=${long#"$src"/}
         mkdir -p "$STAGE/c/$(dirname "$rel")/flac" "$STAGE/d/$(dirname "$rel")/flac"
-        python3 -c 'import json,sys; [print(json.loads(l)["audio"]) for l in open(sys.argv[1]) if l.strip()]' \
-            "$STAGE/b/$rel" | awk '{ print (NR % 2 ? "c" : "d") " " $0 }' |
+        audio_paths "$STAGE/b/$rel" | awk '{ print (NR % 2 ? "c" : "d") " " $0 }' |
             while read -r part a; do
                 mv "$STAGE/b/$(dirname "$rel")/$a" "$STAGE/$part/$(dirname "$rel")/$a"
             done

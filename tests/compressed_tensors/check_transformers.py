@@ -22,8 +22,8 @@ Exit status: 0 all checks passed; 1 a load problem or |WER_q(transformers) - WER
 `--served-numerics` is a diagnostic, not the check: it makes compressed-tensors' simulation compute
 what the served kernels (and `verify`) compute, in the two places they differ — the dynamic int8
 input scale amax/127 (compressed-tensors: amax/127.5) and each quantized layer's output rounded
-once to f16 (compressed-tensors keeps f32) — so that what is left between the two sides is f32
-reassociation.
+once to f16 (compressed-tensors keeps f32) — leaving f32 reassociation as the only difference
+(docs/accuracy.md: that alone still parts the greedy decodes of near-tied utterances).
 
 `python3 check_transformers.py --self-test` runs the WER-normalisation tests (no torch needed).
 """
