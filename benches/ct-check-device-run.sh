@@ -11,9 +11,13 @@
 #       benches/ct-check-device-run.sh check [SET]  # there, .dev-out/ct-wav carried and copied to
 #                                                   # /root/ct-wav: transformers on the GPU
 #
-# SET: `cross_domain` (default, crossdomain/gate.jsonl) or `in_domain` (asterisk/gate.jsonl).
-# Both decode greedily at temperature 0 with the same token limit. The check reads WAV only
-# (Python's wave module) and the staged assets are FLAC, hence the WAV copy of the set.
+# SET: `cross_domain` (default, crossdomain/gate.jsonl), `in_domain` (asterisk/gate.jsonl) or
+# `long` (crossdomain/gate-long.jsonl, 288 passages: installs c and d of accuracy-device-run.sh).
+# Both decode greedily at temperature 0 with the same token limit. The check reads WAV, and FLAC
+# when soundfile is installed (its wheel in .whl/ct), so the long set needs no WAV copy:
+#   CHECK_MANIFEST=/root/acc/crossdomain/gate-long.jsonl benches/ct-check-device-run.sh check long
+# VERIFY=0 makes `quantize` write the exports only (with their sha256), for a run whose
+# `verify --no-fallback` reports were made on another machine from the same binary and carried.
 set -euo pipefail
 
 if [[ ${1:-} == stage-wav ]]; then
@@ -21,6 +25,7 @@ if [[ ${1:-} == stage-wav ]]; then
     case ${2:-cross_domain} in
         cross_domain) src=$OASR_XDOMAIN_GATE_MANIFEST ;;
         in_domain) src=$OASR_GATE_MANIFEST ;;
+        long) src=$OASR_XDOMAIN_LONG_MANIFEST ;;
         *) echo "unknown set ${2}" >&2; exit 2 ;;
     esac
     rm -rf .dev-out/ct-wav && mkdir -p .dev-out/ct-wav/wav
@@ -53,6 +58,7 @@ set +a
 case ${2:-cross_domain} in
     cross_domain) manifest=$OASR_XDOMAIN_GATE_MANIFEST ;;
     in_domain) manifest=$OASR_GATE_MANIFEST ;;
+    long) manifest=$OASR_XDOMAIN_LONG_MANIFEST ;;
     *) echo "unknown set ${2}" >&2; exit 2 ;;
 esac
 set_name=${2:-cross_domain}
@@ -68,6 +74,8 @@ quantize)
         [[ $recipe == smoothquant_w8a8_fused ]] && calib+=(--option static_inputs.max_error_ratio=1000)
         "$B" "$OASR_WHISPER_TINY_EN" "$W/$recipe" --recipe "$recipe" --format compressed-tensors \
             "${calib[@]}" --overwrite
+        sha256sum "$W/$recipe/model.safetensors"
+        [[ ${VERIFY:-1} == 0 ]] && continue
         "$B" verify "$W/$recipe" --reference "$OASR_WHISPER_TINY_EN" --manifest "$manifest" \
             --no-fallback --json "$W/verify-$recipe-$set_name.json" | tail -4
         cp "$W/verify-$recipe-$set_name.json" "$OUT/"
@@ -75,6 +83,8 @@ quantize)
     ;;
 check)
     python3 -m pip install -q --no-index --find-links .whl/ct compressed-tensors
+    python3 -m pip install -q --no-index --find-links .whl/ct soundfile 2>/dev/null ||
+        echo "soundfile not installed: the check reads WAV only"
     dirs=() reports=()
     for recipe in "${RECIPES[@]}"; do
         dirs+=("$W/$recipe")
@@ -82,10 +92,10 @@ check)
     done
     python3 tests/compressed_tensors/check_transformers.py --fp "$W/full_precision" \
         --quantized "${dirs[@]}" --verify-json "${reports[@]}" --manifest "${CHECK_MANIFEST:-$manifest}" \
-        --device "${TORCH_DEVICE:-cuda}" --out "$OUT/ct-check-$set_name.json"
+        --device "${TORCH_DEVICE:-cuda}" ${CHECK_ARGS:-} --out "$OUT/ct-check-$set_name.json"
     ;;
 *)
-    echo "usage: $0 quantize|check [cross_domain|in_domain]" >&2
+    echo "usage: $0 stage-wav|quantize|check [cross_domain|in_domain|long]" >&2
     exit 2
     ;;
 esac

@@ -13,31 +13,11 @@ src/wer.rs in tests/compressed_tensors/check_transformers.py (self-tested agains
 
 import argparse
 import json
-import random
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "compressed_tensors"))
-from check_transformers import word_errors  # noqa: E402
-
-RESAMPLES = 2000
-SEED = 7
-
-
-def interval(a: list[float], b: list[float], weights: list[float]) -> tuple[float, float, float]:
-    """Σa/Σw − Σb/Σw over the items (utterances), and its 95 % paired-bootstrap interval: with
-    a and b word errors and w reference words, the difference of two WERs (as fractions)."""
-    rng = random.Random(SEED)
-    n = len(weights)
-    diffs = [x - y for x, y in zip(a, b)]
-    draws = []
-    for _ in range(RESAMPLES):
-        picks = [rng.randrange(n) for _ in range(n)]
-        w = sum(weights[k] for k in picks)
-        draws.append(sum(diffs[k] for k in picks) / w if w else 0.0)
-    draws.sort()
-    return sum(diffs) / sum(weights), draws[int(0.025 * RESAMPLES)], draws[int(0.975 * RESAMPLES)]
-
+from check_transformers import paired_interval, word_errors  # noqa: E402
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -79,7 +59,8 @@ def main() -> int:
         for name, verify in entries.items():
             if name == args.against:
                 continue
-            delta, lo, hi = (100.0 * x for x in interval(errors(verify, "quantized"), base, words))
+            q = errors(verify, "quantized")
+            delta, lo, hi = (100.0 * x for x in paired_interval(q, base, words))
             print(f"  {name:28s} {delta:+.2f}  [{lo:+.2f}, {hi:+.2f}]")
     return 0
 

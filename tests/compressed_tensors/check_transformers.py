@@ -146,6 +146,30 @@ def corpus_wer(pairs) -> dict:
     return {"wer": rate, "errors": errors, "words": words}
 
 
+BOOTSTRAP_RESAMPLES = 2000
+BOOTSTRAP_SEED = 7
+
+
+def paired_interval(a: list[float], b: list[float], weights: list[float]):
+    """Σa/Σw − Σb/Σw over the items (utterances), and its 95 % paired-bootstrap interval (2000
+    resamples of the items with replacement, seeded): with a and b word errors and w reference
+    words, the difference of two WERs (as fractions), as `verify` reports it against full
+    precision."""
+    import random
+
+    rng = random.Random(BOOTSTRAP_SEED)
+    n = len(weights)
+    diffs = [x - y for x, y in zip(a, b)]
+    draws = []
+    for _ in range(BOOTSTRAP_RESAMPLES):
+        picks = [rng.randrange(n) for _ in range(n)]
+        w = sum(weights[k] for k in picks)
+        draws.append(sum(diffs[k] for k in picks) / w if w else 0.0)
+    draws.sort()
+    return (sum(diffs) / sum(weights), draws[int(0.025 * BOOTSTRAP_RESAMPLES)],
+            draws[int(0.975 * BOOTSTRAP_RESAMPLES)])
+
+
 def self_test() -> int:
     """The tests of src/wer.rs, run on this port."""
     checks = [
@@ -210,11 +234,25 @@ def read_manifest(path: Path, limit: int | None) -> list[dict]:
     return items
 
 
-def read_wav(path: Path):
+def read_audio(path: Path):
+    """16 kHz mono 16-bit PCM as float32 samples / 32768, from WAV (Python's wave module) or FLAC
+    (soundfile, when installed: the staged long set is FLAC, losslessly the same samples)."""
     import numpy as np
 
     if not path.is_file():
         raise InputError(f"audio file {path} does not exist")
+    if path.suffix.lower() == ".flac":
+        try:
+            import soundfile
+        except ImportError:
+            raise InputError(f"{path}: reading FLAC needs soundfile (pip install --no-index "
+                             "--find-links .whl/ct soundfile)") from None
+        info = soundfile.info(str(path))
+        if info.channels != 1 or info.samplerate != 16000 or info.subtype != "PCM_16":
+            raise InputError(f"{path}: need 16 kHz mono 16-bit PCM, got {info.samplerate} Hz, "
+                             f"{info.channels} channel(s), {info.subtype}")
+        data, _ = soundfile.read(str(path), dtype="int16")
+        return data.astype(np.float32) / 32768.0
     try:
         with wave.open(str(path), "rb") as w:
             channels, rate, width, frames = (w.getnchannels(), w.getframerate(),
@@ -542,33 +580,51 @@ class LoadedModel:
         return torch.from_numpy(np.ascontiguousarray(feats, dtype=np.float32))[None].to(
             device=self.device)
 
-    def transcribe(self, feats, torch, max_new_tokens: int) -> dict:
+    def transcribe(self, feats, torch, limits: list[int]) -> list[dict]:
+        """Greedy decodings of a batch of inputs (feats [B, mels, frames]), each cut at its own
+        token limit. Every row has the same prompt and no padding, so a row's greedy tokens do
+        not depend on the others: one `generate` up to the largest limit, each row then cut at
+        its own, decodes as one call per utterance with its limit would."""
         with torch.no_grad(), capture_messages() as messages:
             out = self.model.generate(input_features=feats, **self.gen_kwargs,
-                                      max_new_tokens=max_new_tokens)
+                                      max_new_tokens=max(limits))
         for msg in messages:
             if msg not in self.generate_messages:
                 self.generate_messages.append(msg)
         seq = out if isinstance(out, torch.Tensor) else out["sequences"]
-        ids = [int(x) for x in seq[0].tolist()]
-        # The output may or may not start with the prompt; every id >= eot is special in Whisper.
-        i = 0
-        while i < len(ids) and ids[i] >= self.eot:
-            i += 1
-        j = i
-        while j < len(ids) and ids[j] < self.eot:
-            j += 1
-        text = self.tokenizer.decode(ids, skip_special_tokens=True).strip()
-        return {"ids": ids, "leading_special": ids[:i], "tokens": ids[i:j],
-                "ended_with_eot": j < len(ids) and ids[j] == self.eot, "text": text}
+        results = []
+        for row, limit in zip(seq.tolist(), limits):
+            ids = [int(x) for x in row]
+            # The output may or may not start with the prompt; every id >= eot is special.
+            i = 0
+            while i < len(ids) and ids[i] >= self.eot:
+                i += 1
+            j = i
+            while j < len(ids) and ids[j] < self.eot:
+                j += 1
+            # generate ran to at least this row's limit, so a row with fewer text tokens than
+            # its limit stopped at end of text (which transformers may leave out of the output);
+            # end of text is a generated token too, so after `limit` text tokens it is cut off
+            ended = j - i < limit
+            tokens = ids[i:min(j, i + limit)]
+            ids = ids[:i] + tokens + ([self.eot] if ended else [])
+            text = self.tokenizer.decode(tokens, skip_special_tokens=True).strip()
+            results.append({"ids": ids, "leading_special": ids[:i], "tokens": tokens,
+                            "ended_with_eot": ended, "text": text})
+        return results
 
-    def teacher_forced_rows(self, feats, prompt: list[int], tokens: list[int], torch):
-        """Logits rows predicting tokens[0..n-1] and the end of text: n+1 rows, float64."""
-        dec = torch.tensor([prompt + tokens], device=self.device)
+    def teacher_forced_rows(self, feats, prompt: list[int], tokens: list[list[int]], torch):
+        """For each row of the batch, the logits rows predicting its tokens[0..n-1] and the end
+        of text: n+1 rows, float64. Shorter rows are padded at the end (the decoder is causal, so
+        the padding changes no row that is kept)."""
+        width = max(len(t) for t in tokens)
+        dec = torch.tensor([prompt + t + [self.eot] * (width - len(t)) for t in tokens],
+                           device=self.device)
         with torch.no_grad():
             logits = self.model(input_features=feats, decoder_input_ids=dec, use_cache=False).logits
         p = len(prompt)
-        return logits[0, p - 1: p + len(tokens)].to(device="cpu", dtype=torch.float64)
+        return [logits[b, p - 1: p + len(t)].to(device="cpu", dtype=torch.float64)
+                for b, t in enumerate(tokens)]
 
 
 def use_served_int8_scale() -> None:
@@ -652,6 +708,9 @@ def parse_args(argv):
                         "amax/127, quantized outputs rounded to f16) instead of "
                         "compressed-tensors' own")
     p.add_argument("--device", default="cpu", help="torch device (default cpu)")
+    p.add_argument("--batch", type=int, default=1,
+                   help="utterances decoded together (default 1); a row's greedy decoding does "
+                        "not depend on the batch, only the last bits of its logits may")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch default)")
     p.add_argument("--self-test", action="store_true",
                    help="only run the WER-normalisation tests and exit")
@@ -664,6 +723,8 @@ def parse_args(argv):
         missing.append("--quantized")
     if missing:
         p.error(f"missing {', '.join(missing)}")
+    if args.batch < 1:
+        p.error("--batch must be at least 1")
     if len(args.verify_json) != len(args.quantized):
         p.error(f"{len(args.quantized)} --quantized dirs but {len(args.verify_json)} --verify-json "
                 "files (one per dir, same order)")
@@ -723,45 +784,49 @@ def main(argv=None) -> int:
     rows_by_q = [{"cosine": [], "centered_cosine": [], "kl": [], "top1": []} for _ in qs]
     utt_cos_means = [[] for _ in qs]
     t0 = time.time()
-    for k, u in enumerate(utts):
-        audio = read_wav(u["audio"])
-        if len(audio) > 30 * 16000:
-            print(f"warning: {u['id']} is {len(audio) / 16000:.1f} s long; the feature extractor "
-                  "keeps the first 30 s", file=sys.stderr)
-        limit = token_limit(len(audio), args.max_new_tokens)
-        feats_fp = fp.features(audio, torch, args.features)
-        fp_out = fp.transcribe(feats_fp, torch, limit)
+    for start in range(0, len(utts), args.batch):
+        chunk = utts[start:start + args.batch]
+        audios = [read_audio(u["audio"]) for u in chunk]
+        for u, audio in zip(chunk, audios):
+            if len(audio) > 30 * 16000:
+                print(f"warning: {u['id']} is {len(audio) / 16000:.1f} s long; the feature "
+                      "extractor keeps the first 30 s", file=sys.stderr)
+        limits = [token_limit(len(audio), args.max_new_tokens) for audio in audios]
+        feats_fp = torch.cat([fp.features(audio, torch, args.features) for audio in audios])
+        fp_outs = fp.transcribe(feats_fp, torch, limits)
         prompt = fp.prompt
-        if fp_out["leading_special"] and fp_out["leading_special"] != prompt:
-            fp.problems.append(f"{u['id']}: generate's output starts with "
-                               f"{fp_out['leading_special']}, expected prompt {prompt}")
-        fp_rows = fp.teacher_forced_rows(feats_fp, prompt, fp_out["tokens"], torch)
-        rec = {"id": u["id"], "reference_text": u["text"], "prompt": prompt,
-               "full_precision": {"text": fp_out["text"], "ids": fp_out["ids"],
-                                  "ended_with_eot": fp_out["ended_with_eot"]},
-               "quantized": []}
+        for u, fp_out in zip(chunk, fp_outs):
+            if fp_out["leading_special"] and fp_out["leading_special"] != prompt:
+                fp.problems.append(f"{u['id']}: generate's output starts with "
+                                   f"{fp_out['leading_special']}, expected prompt {prompt}")
+        fp_tokens = [o["tokens"] for o in fp_outs]
+        fp_rows = fp.teacher_forced_rows(feats_fp, prompt, fp_tokens, torch)
+        recs = [{"id": u["id"], "reference_text": u["text"], "prompt": prompt,
+                 "full_precision": {"text": o["text"], "ids": o["ids"],
+                                    "ended_with_eot": o["ended_with_eot"]},
+                 "quantized": []} for u, o in zip(chunk, fp_outs)]
         for qi, q in enumerate(qs):
-            feats = q.features(audio, torch, args.features)
-            feature_diff = float((feats - feats_fp).abs().max())
-            q_out = q.transcribe(feats, torch, limit)
-            q_rows = q.teacher_forced_rows(feats, prompt, fp_out["tokens"], torch)
-            m = row_metrics(fp_rows, q_rows, torch)
-            for key in rows_by_q[qi]:
-                rows_by_q[qi][key] += m[key]
-            utt_cos_means[qi].append(_mean(m["cosine"]))
-            v = verify[qi]["_by_id"].get(u["id"])
-            rec["quantized"].append({
-                "dir": str(q.path), "text": q_out["text"], "ids": q_out["ids"],
-                "ended_with_eot": q_out["ended_with_eot"],
-                "feature_max_abs_diff_vs_fp": feature_diff,
-                "teacher_forced_rows": len(m["cosine"]),
-                "cosine_mean": _mean(m["cosine"]), "cosine_min": min(m["cosine"]),
-                "verify_quantized": None if v is None else v["quantized"],
-                "verify_full_precision": None if v is None else v["full_precision"],
-            })
-        per_utt.append(rec)
-        print(f"[{k + 1}/{len(utts)}] {u['id']} ({time.time() - t0:.0f} s): {fp_out['text'][:70]}",
-              flush=True)
+            feats = torch.cat([q.features(audio, torch, args.features) for audio in audios])
+            q_outs = q.transcribe(feats, torch, limits)
+            q_rows = q.teacher_forced_rows(feats, prompt, fp_tokens, torch)
+            for b, (u, rec, q_out) in enumerate(zip(chunk, recs, q_outs)):
+                m = row_metrics(fp_rows[b], q_rows[b], torch)
+                for key in rows_by_q[qi]:
+                    rows_by_q[qi][key] += m[key]
+                utt_cos_means[qi].append(_mean(m["cosine"]))
+                v = verify[qi]["_by_id"].get(u["id"])
+                rec["quantized"].append({
+                    "dir": str(q.path), "text": q_out["text"], "ids": q_out["ids"],
+                    "ended_with_eot": q_out["ended_with_eot"],
+                    "feature_max_abs_diff_vs_fp": float((feats[b] - feats_fp[b]).abs().max()),
+                    "teacher_forced_rows": len(m["cosine"]),
+                    "cosine_mean": _mean(m["cosine"]), "cosine_min": min(m["cosine"]),
+                    "verify_quantized": None if v is None else v["quantized"],
+                    "verify_full_precision": None if v is None else v["full_precision"],
+                })
+        per_utt += recs
+        print(f"[{start + len(chunk)}/{len(utts)}] {chunk[-1]['id']} ({time.time() - t0:.0f} s): "
+              f"{fp_outs[-1]['text'][:70]}", flush=True)
 
     results = []
     failures = []
@@ -790,6 +855,12 @@ def main(argv=None) -> int:
                     == normalize(rep["_by_id"][r["id"]]["full_precision"]) for r in common]
         rows = rows_by_q[qi]
         vtf = rep.get("teacher_forced") or {}
+        # transformers − verify, utterance by utterance, with its paired-bootstrap interval
+        tf_err = [word_errors(r["reference_text"], r["quantized"][qi]["text"]) for r in common]
+        v_err = [word_errors(r["reference_text"], rep["_by_id"][r["id"]]["quantized"])[0]
+                 for r in common]
+        paired = (paired_interval([e for e, _ in tf_err], v_err, [w for _, w in tf_err])
+                  if common else None)
         delta = None if not common else abs(tf_q["wer"] - v_q["wer"])
         res = {
             "dir": str(q.path),
@@ -810,6 +881,8 @@ def main(argv=None) -> int:
                 "verify_full_precision_recomputed": v_fp,
                 "verify_quantized_recomputed": v_q,
                 "abs_delta_quantized": delta,
+                "delta_quantized_transformers_minus_verify":
+                    None if paired is None else {"delta": paired[0], "interval_95": paired[1:]},
                 "tolerance": args.wer_tolerance,
                 "verify_reported": {"utterances": rep.get("utterances"),
                                     "full_precision": rep.get("wer_full_precision"),
@@ -890,6 +963,13 @@ def main(argv=None) -> int:
               f"{_fmt(res['full_precision_transcript_match_fraction'], '6.3f')} "
               f"{_fmt(t['cosine_mean'], '.5f'):>8}/{_fmt(t['cosine_min'], '.4f'):<8} "
               f"{_fmt(v['cosine_mean'], '.5f'):>8}/{_fmt(v['cosine_min'], '.4f'):<8}")
+    print("\nWER_q transformers − verify, points, 95 % paired-bootstrap interval:")
+    for res in results:
+        d = res["wer"]["delta_quantized_transformers_minus_verify"]
+        if d is not None:
+            lo, hi = d["interval_95"]
+            print(f"  {Path(res['dir']).name:<34} {d['delta'] * 100:+.2f}  "
+                  f"[{lo * 100:+.2f}, {hi * 100:+.2f}]")
     print(f"\nfull precision load: {'ok' if not fp.problems else 'FAIL'}; result: {args.out}")
     if failures:
         print("\nFAILED:", file=sys.stderr)
