@@ -14,6 +14,7 @@ use rayon::prelude::*;
 
 use super::rtn::QuantizedWeight;
 use crate::error::{Error, Result};
+use crate::models::exec::chunked_gemm;
 use crate::numerics::{self, QuantDtype};
 
 /// The default dampening: `damp · mean(diag H)` is added to H's diagonal.
@@ -164,36 +165,24 @@ unsafe fn gemm_f64(
     (m, n, depth): (usize, usize, usize),
     dst: *mut f64,
     dst_rs: usize,
-    (lhs, lhs_rs, lhs_cs): (*const f64, usize, usize),
-    (rhs, rhs_rs, rhs_cs): (*const f64, usize, usize),
+    lhs: (*const f64, usize, usize),
+    rhs: (*const f64, usize, usize),
     beta: f64,
 ) {
     if m == 0 || n == 0 {
         return;
     }
-    for k0 in (0..depth).step_by(F64_DEPTH) {
-        gemm::gemm(
-            m,
-            n,
-            F64_DEPTH.min(depth - k0),
-            dst,
-            1,
-            dst_rs as isize,
-            true,
-            lhs.add(k0 * lhs_cs),
-            lhs_cs as isize,
-            lhs_rs as isize,
-            rhs.add(k0 * rhs_rs),
-            rhs_cs as isize,
-            rhs_rs as isize,
-            1.0,
-            beta,
-            false,
-            false,
-            false,
-            gemm::Parallelism::Rayon(0),
-        );
-    }
+    chunked_gemm(
+        (m, n, depth),
+        F64_DEPTH,
+        dst,
+        dst_rs,
+        lhs,
+        rhs,
+        true,
+        beta,
+        gemm::Parallelism::Rayon(0),
+    );
 }
 
 /// Factors a symmetric `[k, k]` matrix in place into its lower Cholesky factor (the strict

@@ -59,24 +59,59 @@ pub(crate) unsafe fn strided_gemm(
     scale: f32,
     parallelism: gemm::Parallelism,
 ) {
-    // K = 0 still makes one call, which writes the zeros.
-    for k0 in (0..k.max(1)).step_by(GEMM_DEPTH) {
-        let depth = GEMM_DEPTH.min(k - k0);
+    chunked_gemm(
+        (m, n, k),
+        GEMM_DEPTH,
+        dst,
+        dst_rs,
+        (lhs, lhs_rs, lhs_cs),
+        (rhs, rhs_rs, rhs_cs),
+        false,
+        scale,
+        parallelism,
+    );
+}
+
+/// `dst[m, n] = (dst if accumulate, else 0) + scale · Σ_k lhs[m, k] · rhs[k, n]` on row-major
+/// strided views (row stride, column stride), with K summed in chunks of at most `chunk`, each
+/// added to `dst` in order. The gemm crate blocks a deeper K by the CPU's cache, which would
+/// change the order of the sum from one machine to another; up to a small enough chunk it sums
+/// in one block everywhere. Without `accumulate` and with K = 0, `dst` is written with zeros.
+///
+/// # Safety
+/// Every element addressed by the shapes and strides must lie inside the pointed-to buffers, and
+/// `dst` must not overlap the operands.
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn chunked_gemm<T: Copy + From<u8> + 'static>(
+    (m, n, k): (usize, usize, usize),
+    chunk: usize,
+    dst: *mut T,
+    dst_rs: usize,
+    (lhs, lhs_rs, lhs_cs): (*const T, usize, usize),
+    (rhs, rhs_rs, rhs_cs): (*const T, usize, usize),
+    accumulate: bool,
+    scale: T,
+    parallelism: gemm::Parallelism,
+) {
+    // Overwriting with K = 0 still makes one call, which writes the zeros.
+    let calls = if accumulate { k } else { k.max(1) };
+    for k0 in (0..calls).step_by(chunk) {
+        let read_dst = accumulate || k0 > 0;
         gemm::gemm(
             m,
             n,
-            depth,
+            chunk.min(k - k0),
             dst,
             1,
             dst_rs as isize,
-            k0 > 0,
+            read_dst,
             lhs.add(k0 * lhs_cs),
             lhs_cs as isize,
             lhs_rs as isize,
             rhs.add(k0 * rhs_rs),
             rhs_cs as isize,
             rhs_rs as isize,
-            if k0 > 0 { 1.0 } else { 0.0 },
+            T::from(u8::from(read_dst)),
             scale,
             false,
             false,
