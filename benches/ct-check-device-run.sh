@@ -14,8 +14,8 @@
 # SET: `cross_domain` (default, crossdomain/gate.jsonl), `in_domain` (asterisk/gate.jsonl) or
 # `long` (crossdomain/gate-long.jsonl, 288 passages: installs c and d of accuracy-device-run.sh).
 # Both decode greedily at temperature 0 with the same token limit. The check reads WAV, and FLAC
-# when soundfile is installed (its wheel in .whl/ct), so the long set needs no WAV copy:
-#   CHECK_MANIFEST=/root/acc/crossdomain/gate-long.jsonl benches/ct-check-device-run.sh check long
+# when soundfile is installed (its wheel in .whl/ct), so the long set needs no WAV copy (`check
+# long` reads the staged FLAC manifest; CHECK_ARGS="--batch 32" decodes 32 passages at a time).
 # VERIFY=0 makes `quantize` write the exports only (with their sha256), for a run whose
 # `verify --no-fallback` reports were made on another machine from the same binary and carried.
 set -euo pipefail

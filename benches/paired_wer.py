@@ -19,6 +19,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "compressed_tensors"))
 from check_transformers import paired_interval, word_errors  # noqa: E402
 
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("report", type=Path, help="the JSON of `oasr-quantize gate --json`")
