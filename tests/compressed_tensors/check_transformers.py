@@ -38,6 +38,7 @@ import logging
 import math
 import os
 import platform
+import random
 import re
 import sys
 import time
@@ -150,13 +151,12 @@ BOOTSTRAP_RESAMPLES = 2000
 BOOTSTRAP_SEED = 7
 
 
-def paired_interval(a: list[float], b: list[float], weights: list[float]):
+def paired_interval(a: list[float], b: list[float],
+                    weights: list[float]) -> tuple[float, float, float]:
     """Σa/Σw − Σb/Σw over the items (utterances), and its 95 % paired-bootstrap interval (2000
     resamples of the items with replacement, seeded): with a and b word errors and w reference
     words, the difference of two WERs (as fractions), as `verify` reports it against full
     precision."""
-    import random
-
     rng = random.Random(BOOTSTRAP_SEED)
     n = len(weights)
     diffs = [x - y for x, y in zip(a, b)]
@@ -582,9 +582,10 @@ class LoadedModel:
 
     def transcribe(self, feats, torch, limits: list[int]) -> list[dict]:
         """Greedy decodings of a batch of inputs (feats [B, mels, frames]), each cut at its own
-        token limit. Every row has the same prompt and no padding, so a row's greedy tokens do
-        not depend on the others: one `generate` up to the largest limit, each row then cut at
-        its own, decodes as one call per utterance with its limit would."""
+        token limit. Every row has the same prompt and no padding, so one `generate` up to the
+        largest limit, each row then cut at its own, decodes as one call per utterance with its
+        limit would, up to the last bits of the f32 sums: those depend on the batch's shape and
+        can flip a near-tie of a quantized model (docs/accuracy.md measures how often)."""
         with torch.no_grad(), capture_messages() as messages:
             out = self.model.generate(input_features=feats, **self.gen_kwargs,
                                       max_new_tokens=max(limits))
@@ -709,8 +710,9 @@ def parse_args(argv):
                         "compressed-tensors' own")
     p.add_argument("--device", default="cpu", help="torch device (default cpu)")
     p.add_argument("--batch", type=int, default=1,
-                   help="utterances decoded together (default 1); a row's greedy decoding does "
-                        "not depend on the batch, only the last bits of its logits may")
+                   help="utterances decoded together (default 1); the last bits of the sums "
+                        "depend on the batch's shape, which can flip a quantized model's "
+                        "near-tied greedy choices")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch default)")
     p.add_argument("--self-test", action="store_true",
                    help="only run the WER-normalisation tests and exit")
