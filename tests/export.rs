@@ -206,6 +206,57 @@ fn fp8_and_static_inputs_export_their_own_groups() {
 }
 
 #[test]
+fn the_fp8_keep_recipe_exports_its_kept_layers_as_ignore() {
+    // No smoother to refuse: what the recipe keeps full precision is named in `ignore` and
+    // written as the source's weights; every other linear layer is fp8.
+    let tmp = tempfile::tempdir().unwrap();
+    let (native, out) = (tmp.path().join("q"), tmp.path().join("ct"));
+    quantize(&native, "fp8_w8a8_rtn_keep", &[]);
+    export(&native, &out, CT, false).unwrap();
+    let c = &config(&out)["quantization_config"];
+    assert_eq!(c["format"], "float-quantized");
+    let ignore: Vec<&str> = c["ignore"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    let mut kept: Vec<String> = ["q_proj", "k_proj", "v_proj", "out_proj"]
+        .iter()
+        .map(|p| format!("model.encoder.layers.0.self_attn.{p}"))
+        .chain(["fc1", "fc2"].map(|p| format!("model.encoder.layers.0.{p}")))
+        .chain((0..4).map(|i| format!("model.decoder.layers.{i}.fc2")))
+        .chain(["proj_out".to_string()])
+        .collect();
+    kept.sort();
+    let mut sorted = ignore.clone();
+    sorted.sort();
+    assert_eq!(sorted, kept);
+    let e = tensors(&out);
+    let mut fp8 = 0;
+    for (name, t) in &e {
+        let Some(layer) = name.strip_suffix(".weight") else {
+            continue;
+        };
+        if t.shape.len() != 2
+            || layer.ends_with("embed_tokens")
+            || layer.ends_with("embed_positions")
+        {
+            continue;
+        }
+        let ignored = ignore.contains(&layer);
+        assert_eq!(t.dtype == DType::F8E4m3, !ignored, "{name}: {:?}", t.dtype);
+        assert_eq!(
+            e.contains_key(&format!("{layer}.weight_scale")),
+            !ignored,
+            "{layer}"
+        );
+        fp8 += usize::from(!ignored);
+    }
+    assert_eq!(fp8, 64 - 10, "tiny.en's 64 linear layers less the 10 kept");
+}
+
+#[test]
 fn a_quantization_run_writes_compressed_tensors_directly() {
     let tmp = tempfile::tempdir().unwrap();
     let (native, via, direct) = (
