@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The teacher-forced cosine of two `verify --json` reports of one manifest, compared utterance
 by utterance: mean(A) − mean(B) over the steps, and its 95 % paired-bootstrap interval over the
-utterances (benches/paired_wer.py's resampling, each utterance weighted by its steps). For
+utterances (the resampling of benches/paired_wer.py, each utterance weighted by its steps). For
 example the GPU lane against the CPU reference of the same checkpoint (docs/accuracy.md, "fp8 on
 the GPU"). A report may also be a gate JSON, with `--entry` naming the result to read.
 
@@ -14,8 +14,8 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from paired_wer import interval  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "compressed_tensors"))
+from check_transformers import paired_interval  # noqa: E402
 
 
 def teacher_forced(path: Path, entry: str | None) -> dict[str, dict]:
@@ -46,8 +46,8 @@ def main() -> int:
             raise SystemExit(f"{i}: {a[i]['steps']} steps in A, {b[i]['steps']} in B: not the "
                              "same tokens scored")
     steps = [a[i]["steps"] for i in ids]
-    delta, lo, hi = interval([a[i]["cosine_mean"] * a[i]["steps"] for i in ids],
-                             [b[i]["cosine_mean"] * b[i]["steps"] for i in ids], steps)
+    delta, lo, hi = paired_interval([a[i]["cosine_mean"] * a[i]["steps"] for i in ids],
+                                    [b[i]["cosine_mean"] * b[i]["steps"] for i in ids], steps)
     print(f"{len(ids)} utterances, {sum(steps)} teacher-forced steps: cosine mean A − B "
           f"{delta:+.6f} (95 % interval {lo:+.6f} to {hi:+.6f})")
     return 0
