@@ -2,14 +2,16 @@
 //! tensor-core`: the CPU figures then predict what the GPU's wgmma kernels serve, where the
 //! reference ([`super::scaled_mm`]) sums every product exactly in f32 order.
 //!
-//! The model, fitted on the H200 against cuBLASLt's fp8 GEMM without promotion (bit-identical on
-//! about 85 % of the outputs of random e4m3 matrices, docs/numerics.md): each wgmma step adds 32
-//! products to the accumulator as one block. The block aligns every term (the 32 exact products
-//! and the accumulator) to the largest of their exponents, where a product's exponent is the sum
-//! of its operands' (`⌊log2 |a|⌋ + ⌊log2 |w|⌋`, before the product's own carry), keeps 13 bits
-//! below it, truncating toward zero, sums exactly and rounds the sum to f32. Our wgmma kernel
-//! restarts that accumulator every [`PROMOTE`] K elements and adds it into an f32 master
-//! accumulator (round to nearest), units in ascending K order.
+//! The model, fitted on an H100 against cuBLASLt's fp8 GEMM with f32 output (bit-identical on
+//! every one of 904 240 outputs of random e4m3 matrices, K from 32 to 384, with and without
+//! promotion; `benches/tensor_core_fit.py`, docs/numerics.md): each wgmma step adds 32 products
+//! to the accumulator as one block. The block aligns every term (the 32 exact products and the
+//! accumulator) to the largest of their exponents, where a product's exponent is the sum of its
+//! operands' (`⌊log2 |a|⌋ + ⌊log2 |w|⌋`, before the product's own carry), keeps 13 bits below
+//! it, truncating toward zero, sums exactly, and keeps 14 significant bits of the sum, again
+//! toward zero (the accumulator's e8m13 format). Our wgmma kernel restarts that accumulator
+//! every [`PROMOTE`] K elements and adds it into an f32 master accumulator (round to nearest),
+//! units in ascending K order.
 
 /// K elements per wgmma step (one block of the model).
 const STEP: usize = 32;
@@ -17,6 +19,21 @@ const STEP: usize = 32;
 const PROMOTE: usize = 128;
 /// Bits the block keeps below its largest exponent.
 const KEPT_BITS: i32 = 13;
+
+/// Significant bits of the accumulator a block writes (the tensor core's e8m13 format).
+const ACC_BITS: u32 = KEPT_BITS as u32 + 1;
+
+/// `sum` with its bits below the ACC_BITS most significant cleared (toward zero).
+fn truncate_to_acc_bits(sum: i64) -> i64 {
+    let magnitude = sum.unsigned_abs();
+    let drop = (u64::BITS - magnitude.leading_zeros()).saturating_sub(ACC_BITS);
+    let kept = ((magnitude >> drop) << drop) as i64;
+    if sum < 0 {
+        -kept
+    } else {
+        kept
+    }
+}
 
 /// `⌊log2 |x|⌋` of a zero: below every sum of two real exponents, so a zero never sets a block's
 /// alignment.
@@ -80,8 +97,9 @@ fn dot(a: (&[f64], &[i32]), w: (&[f64], &[i32])) -> f32 {
             for (x, y) in av.iter().zip(wv) {
                 sum += (x * y * unit) as i64;
             }
-            // One rounding, to f32 (to nearest): the f64 quotient is exact.
-            acc = (sum as f64 / unit) as f32;
+            // The block's result keeps ACC_BITS significant bits, truncated toward zero (a
+            // sum that carried above the top loses its lowest bits); exact in f32.
+            acc = (truncate_to_acc_bits(sum) as f64 / unit) as f32;
         }
         master += acc;
     }
@@ -187,6 +205,95 @@ mod tests {
         let a = codes(&[256.0, -9.0]);
         let w = codes(&[256.0, 1.0]);
         assert_eq!(accumulators(&a, &w, 1, 1, 2), vec![65536.0 - 8.0]);
+    }
+
+    /// GPU results written by `benches/tensor_core_fit.py --write-fixtures` from an H100's
+    /// cuBLASLt fp8 GEMM (f32 output, promotion every 128 K elements, as our wgmma kernel).
+    const GPU_FIXTURES: [(&str, &[u8]); 8] = [
+        (
+            "normal_k32",
+            include_bytes!("../../tests/fixtures/tensor_core/normal_k32.bin"),
+        ),
+        (
+            "normal_k384",
+            include_bytes!("../../tests/fixtures/tensor_core/normal_k384.bin"),
+        ),
+        (
+            "wide_k32",
+            include_bytes!("../../tests/fixtures/tensor_core/wide_k32.bin"),
+        ),
+        (
+            "wide_k384",
+            include_bytes!("../../tests/fixtures/tensor_core/wide_k384.bin"),
+        ),
+        (
+            "positive_k32",
+            include_bytes!("../../tests/fixtures/tensor_core/positive_k32.bin"),
+        ),
+        (
+            "positive_k384",
+            include_bytes!("../../tests/fixtures/tensor_core/positive_k384.bin"),
+        ),
+        (
+            "per_token_k32",
+            include_bytes!("../../tests/fixtures/tensor_core/per_token_k32.bin"),
+        ),
+        (
+            "per_token_k384",
+            include_bytes!("../../tests/fixtures/tensor_core/per_token_k384.bin"),
+        ),
+    ];
+
+    #[test]
+    fn the_model_gives_the_gpus_bits() {
+        for (name, bytes) in GPU_FIXTURES {
+            let u32_at = |i: usize| u32::from_le_bytes(bytes[4 * i..4 * i + 4].try_into().unwrap());
+            let (m, n, k) = (u32_at(0) as usize, u32_at(1) as usize, u32_at(2) as usize);
+            let (a, rest) = bytes[12..].split_at(m * k);
+            let (w, y) = rest.split_at(n * k);
+            let gpu: Vec<f32> = y
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+                .collect();
+            assert_eq!(gpu.len(), m * n, "{name}");
+            let model = accumulators(a, w, m, n, k);
+            let differ = gpu
+                .iter()
+                .zip(&model)
+                .filter(|(g, t)| g.to_bits() != t.to_bits());
+            assert_eq!(
+                differ.count(),
+                0,
+                "{name}: the model differs from the GPU's sums"
+            );
+            // The reference's sequential f32 sums differ: these cases tell the two apart.
+            let f32_sum = |i: usize, j: usize| {
+                let (ai, wj) = (&a[i * k..(i + 1) * k], &w[j * k..(j + 1) * k]);
+                ai.iter()
+                    .zip(wj)
+                    .fold(0f32, |s, (&x, &y)| s + e4m3_decode(x) * e4m3_decode(y))
+            };
+            let off_reference = (0..m * n)
+                .filter(|&o| f32_sum(o / n, o % n) != gpu[o])
+                .count();
+            assert!(off_reference > 0, "{name}: no output tells the sums apart");
+        }
+    }
+
+    #[test]
+    fn a_block_sum_above_the_top_keeps_fourteen_bits_toward_zero() {
+        // (1 + 7/8)^2 = 225 · 2^-6 sets the top exponent (0, before the product's carry);
+        // 2^-7 · 2^-6 = 2^-13 is the last kept unit. Their sum, 28 801 units of 2^-13, needs
+        // 15 bits: the block keeps 14 and drops the 2^-13, where an f32 sum would keep it.
+        let a = codes(&[1.875, 0.0078125]);
+        let w = codes(&[1.875, 0.015625]);
+        assert_eq!(accumulators(&a, &w, 1, 1, 2), vec![3.515625]);
+        let a = codes(&[-1.875, -0.0078125]);
+        assert_eq!(accumulators(&a, &w, 1, 1, 2), vec![-3.515625]);
+        // Within 14 bits nothing is dropped: 1.875 · 1 + 2^-13 is 15 361 units.
+        let a = codes(&[1.875, 0.0078125]);
+        let w = codes(&[1.0, 0.015625]);
+        assert_eq!(accumulators(&a, &w, 1, 1, 2), vec![1.875 + 2f32.powi(-13)]);
     }
 
     #[test]
