@@ -35,82 +35,172 @@ fn truncate_to_acc_bits(sum: i64) -> i64 {
     }
 }
 
-/// `⌊log2 |x|⌋` of a zero: below every sum of two real exponents, so a zero never sets a block's
-/// alignment.
-const ZERO_LOG2: i32 = -1 << 20;
+/// The exponent that marks a zero product or accumulator: below every real one, so a zero
+/// never sets a block's alignment.
+const NONE: i32 = i32::MIN / 4;
 
-/// Every e4m3 code decoded (exact in f64) with `⌊log2 |value|⌋`.
-fn e4m3_terms() -> [(f64, i32); 256] {
-    let mut table = [(0f64, ZERO_LOG2); 256];
-    for (code, t) in table.iter_mut().enumerate() {
-        // NaN codes never reach a GEMM (the quantizer never emits them).
-        let v = f64::from(super::e4m3_decode(code as u8));
-        *t = (v, log2_floor(v));
-    }
-    table
+/// One e4m3 code as the model reads it: |value| = `mag` · 2^`exp` with `mag` an integer below
+/// 16, `log2` = ⌊log2 |value|⌋, and `neg` = -1 for a negative code (0 otherwise).
+#[derive(Clone, Copy, Default)]
+struct Code {
+    mag: u8,
+    exp: i8,
+    log2: i8,
+    neg: i8,
 }
 
-/// `⌊log2 |x|⌋` of a finite f64 (from its exponent bits; subnormal f64 never occur here).
-fn log2_floor(x: f64) -> i32 {
-    if x == 0.0 || !x.is_finite() {
-        return ZERO_LOG2;
-    }
-    ((x.to_bits() >> 52) & 0x7FF) as i32 - 1023
+/// Every e4m3 code read as a [`Code`]. Zeros (and the NaN codes, which the quantizer never
+/// emits) get `mag` 0, so their products are zero whatever their exponents.
+fn e4m3_codes() -> [Code; 256] {
+    std::array::from_fn(|c| {
+        let (e, m) = ((c >> 3) & 0xF, (c & 0x7) as u8);
+        let neg = if c & 0x80 != 0 { -1 } else { 0 };
+        match (e, m) {
+            (0xF, 0x7) | (0, 0) => Code {
+                mag: 0,
+                exp: -64,
+                log2: -64,
+                neg,
+            },
+            // subnormal: m · 2^-9
+            (0, m) => Code {
+                mag: m,
+                exp: -9,
+                log2: (7 - m.leading_zeros() as i8) - 9,
+                neg,
+            },
+            // normal: (8 + m) · 2^(e - 10)
+            (e, m) => Code {
+                mag: 8 + m,
+                exp: e as i8 - 10,
+                log2: e as i8 - 7,
+                neg,
+            },
+        }
+    })
 }
 
-/// Decoded codes, split so that the block loops vectorise: values (exact in f64) and
-/// `⌊log2 |value|⌋`.
-struct Decoded {
-    values: Vec<f64>,
+/// Rows of codes in four planes, each row padded with zero codes to whole steps (a zero
+/// product changes no block), so that every block is a fixed-size array and its loops
+/// vectorise.
+struct Planes {
+    mag: Vec<i32>,
+    exp: Vec<i32>,
     log2: Vec<i32>,
+    neg: Vec<i32>,
+    /// Elements per padded row.
+    stride: usize,
 }
 
-impl Decoded {
-    fn new(terms: &[(f64, i32); 256], codes: &[u8]) -> Self {
-        let (values, log2) = codes.iter().map(|&c| terms[usize::from(c)]).unzip();
-        Decoded { values, log2 }
+impl Planes {
+    fn new(table: &[Code; 256], codes: &[u8], k: usize) -> Self {
+        let stride = k.next_multiple_of(STEP);
+        let plane = |f: fn(&Code) -> i32| {
+            codes
+                .chunks(k.max(1))
+                .flat_map(|row| {
+                    let pad = std::iter::repeat_n(0, stride - row.len());
+                    row.iter().copied().chain(pad)
+                })
+                .map(|c| f(&table[usize::from(c)]))
+                .collect()
+        };
+        Planes {
+            mag: plane(|c| i32::from(c.mag)),
+            exp: plane(|c| i32::from(c.exp)),
+            log2: plane(|c| i32::from(c.log2)),
+            neg: plane(|c| i32::from(c.neg)),
+            stride,
+        }
+    }
+
+    /// Step `s` (elements `s · STEP ..`) of row `row`.
+    fn step(&self, row: usize, s: usize) -> Step {
+        let start = row * self.stride + s * STEP;
+        let at = |p: &[i32]| -> [i32; STEP] { p[start..start + STEP].try_into().expect("a step") };
+        Step {
+            mag: at(&self.mag),
+            exp: at(&self.exp),
+            log2: at(&self.log2),
+            neg: at(&self.neg),
+        }
     }
 }
 
-/// One dot product of decoded codes as the model sums it.
-fn dot(a: (&[f64], &[i32]), w: (&[f64], &[i32])) -> f32 {
+/// One step's elements of a row's planes.
+struct Step {
+    mag: [i32; STEP],
+    exp: [i32; STEP],
+    log2: [i32; STEP],
+    neg: [i32; STEP],
+}
+
+/// `⌊log2 |x|⌋` of a non-zero finite f32 (subnormals included), NONE for zero.
+fn log2_floor(x: f32) -> i32 {
+    if x == 0.0 {
+        return NONE;
+    }
+    let bits = x.to_bits();
+    match ((bits >> 23) & 0xFF) as i32 {
+        0 => -127 - ((bits & 0x7F_FFFF).leading_zeros() as i32 - 9),
+        e => e - 127,
+    }
+}
+
+/// 2^e as an f64 (|e| stays far inside f64's normal range here).
+fn pow2(e: i32) -> f64 {
+    f64::from_bits(((1023 + e) as u64) << 52)
+}
+
+/// One wgmma step: the block of products `a` · `w` added to `acc` as the model sums them.
+#[inline(always)]
+fn step(a: &Step, w: &Step, acc: f32) -> f32 {
+    let mut top = log2_floor(acc);
+    for k in 0..STEP {
+        let zero = a.mag[k] * w.mag[k] == 0;
+        top = top.max(if zero { NONE } else { a.log2[k] + w.log2[k] });
+    }
+    if top == NONE {
+        return acc; // every term is zero
+    }
+    // Each product mag_a · mag_w · 2^(exp_a + exp_w) in units of 2^(top - KEPT_BITS): a shift
+    // of the integer product (below 2^8), left (exact) or right (truncating toward zero); the
+    // terms are below 2^21 and 32 of them sum exactly in i32.
+    let mut sum = 0i32;
+    for k in 0..STEP {
+        let shift = a.exp[k] + w.exp[k] + KEPT_BITS - top;
+        let magnitude = (a.mag[k] * w.mag[k]) << shift.clamp(0, 15) >> (-shift).clamp(0, 31);
+        let neg = a.neg[k] ^ w.neg[k];
+        sum += (magnitude ^ neg) - neg;
+    }
+    // The accumulator in the same units (scaling by a power of two is exact; `as` truncates).
+    let unit = pow2(KEPT_BITS - top);
+    let total = (f64::from(acc) * unit) as i64 + i64::from(sum);
+    // The block's result keeps ACC_BITS significant bits, truncated toward zero (a sum that
+    // carried above the top loses its lowest bits); exact in f32.
+    (truncate_to_acc_bits(total) as f64 / unit) as f32
+}
+
+/// Row `i` of `a` times row `j` of `w` as the model sums it.
+#[inline(always)]
+fn dot(a: &Planes, i: usize, w: &Planes, j: usize) -> f32 {
+    let steps = a.stride / STEP;
     let mut master = 0f32;
-    for start in (0..a.0.len()).step_by(PROMOTE) {
-        let end = (start + PROMOTE).min(a.0.len());
+    for unit in (0..steps).step_by(PROMOTE / STEP) {
         let mut acc = 0f32;
-        for s in (start..end).step_by(STEP) {
-            let e = (s + STEP).min(end);
-            let (av, al, wv, wl) = (&a.0[s..e], &a.1[s..e], &w.0[s..e], &w.1[s..e]);
-            let acc64 = f64::from(acc);
-            let top = al
-                .iter()
-                .zip(wl)
-                .map(|(x, y)| x + y)
-                .fold(log2_floor(acc64), i32::max);
-            if top < ZERO_LOG2 / 2 {
-                continue; // every term is zero
-            }
-            // Terms in units of 2^(top - KEPT_BITS): scaling by a power of two is exact, and
-            // `as i64` truncates toward zero. Each is below 2^16, so the sum is exact.
-            let unit = 2f64.powi(KEPT_BITS - top);
-            let mut sum = (acc64 * unit) as i64;
-            for (x, y) in av.iter().zip(wv) {
-                sum += (x * y * unit) as i64;
-            }
-            // The block's result keeps ACC_BITS significant bits, truncated toward zero (a
-            // sum that carried above the top loses its lowest bits); exact in f32.
-            acc = (truncate_to_acc_bits(sum) as f64 / unit) as f32;
+        for s in unit..(unit + PROMOTE / STEP).min(steps) {
+            acc = step(&a.step(i, s), &w.step(j, s), acc);
         }
         master += acc;
     }
     master
 }
 
-/// [`dot`] compiled for AVX2 (the exponent maxima vectorise).
+/// [`dot`] compiled for AVX2 (the block loops vectorise).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-unsafe fn dot_avx2(a: (&[f64], &[i32]), w: (&[f64], &[i32])) -> f32 {
-    dot(a, w)
+unsafe fn dot_avx2(a: &Planes, i: usize, w: &Planes, j: usize) -> f32 {
+    dot(a, i, w, j)
 }
 
 /// Fills `out` `[m, n]` with `value(i, j, acc)`, where `acc` is row i of `a` `[m, k]` times row j
@@ -125,8 +215,8 @@ pub(crate) fn fill<T: Send>(
     value: impl Fn(usize, usize, f32) -> T + Sync,
 ) {
     use rayon::prelude::*;
-    let terms = e4m3_terms();
-    let wd = Decoded::new(&terms, w);
+    let table = e4m3_codes();
+    let wp = Planes::new(&table, w, k);
     #[cfg(target_arch = "x86_64")]
     let avx2 = is_x86_feature_detected!("avx2");
     let rows = out.len() / n.max(1);
@@ -134,19 +224,17 @@ pub(crate) fn fill<T: Send>(
         .with_min_len(crate::parallel::min_task_len(rows))
         .enumerate()
         .for_each(|(i, row)| {
-            let ad = Decoded::new(&terms, &a[i * k..(i + 1) * k]);
-            let ai = (&ad.values[..], &ad.log2[..]);
+            let ap = Planes::new(&table, &a[i * k..(i + 1) * k], k);
             for (j, o) in row.iter_mut().enumerate() {
-                let wj = (&wd.values[j * k..(j + 1) * k], &wd.log2[j * k..(j + 1) * k]);
                 #[cfg(target_arch = "x86_64")]
                 // SAFETY: dot_avx2 runs only where the CPU has AVX2 (checked above).
                 let acc = if avx2 {
-                    unsafe { dot_avx2(ai, wj) }
+                    unsafe { dot_avx2(&ap, 0, &wp, j) }
                 } else {
-                    dot(ai, wj)
+                    dot(&ap, 0, &wp, j)
                 };
                 #[cfg(not(target_arch = "x86_64"))]
-                let acc = dot(ai, wj);
+                let acc = dot(&ap, 0, &wp, j);
                 *o = value(i, j, acc);
             }
         });
@@ -169,21 +257,51 @@ mod tests {
     }
 
     #[test]
-    fn the_term_table_holds_each_codes_exponent() {
-        let t = e4m3_terms();
+    fn the_code_table_holds_each_codes_value_and_exponent() {
+        let t = e4m3_codes();
         for code in 0..=255u8 {
             let v = f64::from(e4m3_decode(code));
+            let c = t[usize::from(code)];
             if v.is_nan() || v == 0.0 {
+                assert_eq!(c.mag, 0, "code {code:#x}");
                 continue;
             }
-            // Subnormal e4m3 codes too: 2^-9 is -9, 3 · 2^-9 is -8.
             assert_eq!(
-                t[usize::from(code)].1,
+                f64::from(c.mag) * 2f64.powi(c.exp.into()),
+                v.abs(),
+                "code {code:#x}"
+            );
+            // Subnormal codes too: 2^-9 is -9, 3 · 2^-9 is -8.
+            assert_eq!(
+                i32::from(c.log2),
                 v.abs().log2().floor() as i32,
                 "code {code:#x}"
             );
+            assert_eq!(c.neg, if v < 0.0 { -1 } else { 0 }, "code {code:#x}");
         }
-        assert_eq!(t[usize::from(e4m3_encode(0.001953125))].1, -9);
+        assert_eq!(t[usize::from(e4m3_encode(0.001953125))].log2, -9);
+    }
+
+    #[test]
+    fn log2_floor_reads_the_f32_exponent() {
+        for x in [
+            1.0f32,
+            1.5,
+            3.99,
+            4.0,
+            0.3,
+            1e-40,
+            -7.0,
+            f32::MIN_POSITIVE,
+            65504.0,
+        ] {
+            assert_eq!(
+                log2_floor(x),
+                f64::from(x.abs()).log2().floor() as i32,
+                "{x}"
+            );
+        }
+        assert_eq!(log2_floor(0.0), NONE);
     }
 
     #[test]
