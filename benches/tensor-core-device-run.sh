@@ -11,6 +11,9 @@
 #
 # SET is cross_domain (the default), in_domain or long (installs c and d). The reports land in
 # $OUT as <recipe>-<set>-{gpu,tc}.json; benches/paired_cosine.py compares two of them.
+# PER_LAYER=N adds `verify --per-layer --device cuda --fp8-accumulation tensor-core` on the first
+# N utterances and lists every layer whose GPU output differs from the CPU model on the same
+# input (to find the step that parts the lanes where the reports differ).
 set -uo pipefail
 
 ACC=/root/acc
@@ -67,5 +70,19 @@ for name, r in (("gpu", g), ("tc ", t)):
     print(f"  {name}: cosine {f['cosine_mean']:.6f} (min {f['cosine_min']:.3f}), centred "
           f"{f['centered_cosine_mean']:.6f}, KL {f['kl_mean']:.3e}, WER {r['wer_quantized']}")
 PY
+    if [[ -n ${PER_LAYER:-} ]]; then
+        "$B" verify "$q" --reference "$OASR_WHISPER_TINY_EN" --manifest "$manifest" \
+            --limit "$PER_LAYER" --per-layer --device cuda --fp8-accumulation tensor-core \
+            --json "$OUT/$r-$set_name-layers.json" > /dev/null 2>&1 || status=1
+        python3 - "$OUT/$r-$set_name-layers.json" <<'PY' || status=1
+import json, sys
+layers = json.load(open(sys.argv[1]))["per_layer"]["layers"]
+differ = [(l["name"], l["output_error"]["gpu"]["relative_l2_to_cpu"]) for l in layers
+          if l["output_error"].get("gpu", {}).get("relative_l2_to_cpu")]
+print(f"  layers whose GPU output differs from the CPU model: {len(differ)} of {len(layers)}")
+for name, d in differ:
+    print(f"    {name}: {d:.3e}")
+PY
+    fi
 done
 exit $status

@@ -296,7 +296,7 @@ struct LaneArgs {
     device: VerifyDevice,
     /// How the CPU sums fp8 GEMMs: `sequential` (the reference: exact products summed in f32,
     /// in K order) or `tensor-core` (a model of Hopper's fp8 tensor cores as the default wgmma
-    /// kernels run them, which predicts the GPU's figures; slower).
+    /// kernels run them, which gives their bits; slower).
     #[arg(long, value_enum, default_value_t = Fp8AccumulationArg::Sequential)]
     fp8_accumulation: Fp8AccumulationArg,
 }
