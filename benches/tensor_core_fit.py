@@ -66,24 +66,22 @@ class Model:
 
     align: the exponent a product counts with when the block picks its largest exponent:
       "pre"  = ea + eb (before the product's own carry), "post" = the product's exact exponent.
-    kept: bits kept below the largest exponent (terms truncated toward zero).
-    acc_in_max: whether c's exponent takes part in the largest exponent.
+    kept: bits kept below the largest exponent (terms, c among them, truncated toward zero).
     final: how the exact sum of the truncated terms becomes the new c:
       "f32" = round to nearest f32, "rzP" = truncate to P significant bits, "rnP" likewise to
       nearest.
+    clamp_subnormal: an e4m3 subnormal operand counts with exponent -6 (e4m3's emin).
     carry_bit: keep one more bit when the largest product carried (its significand >= 2).
     """
 
-    def __init__(self, block=32, align="pre", kept=13, acc_in_max=True, final="rz14",
-                 clamp_subnormal=False, carry_bit=False, acc_trunc=True):
-        self.block, self.align, self.kept = block, align, kept
-        self.acc_in_max, self.final = acc_in_max, final
-        self.clamp_subnormal, self.carry_bit, self.acc_trunc = clamp_subnormal, carry_bit, acc_trunc
+    def __init__(self, block=32, align="pre", kept=13, final="rz14", clamp_subnormal=False,
+                 carry_bit=False):
+        self.block, self.align, self.kept, self.final = block, align, kept, final
+        self.clamp_subnormal, self.carry_bit = clamp_subnormal, carry_bit
 
     def name(self):
-        return (f"block={self.block} align={self.align} kept={self.kept} acc_in_max={self.acc_in_max} "
-                f"final={self.final} clamp_sub={self.clamp_subnormal} carry_bit={self.carry_bit} "
-                f"acc_trunc={self.acc_trunc}")
+        return (f"block={self.block} align={self.align} kept={self.kept} final={self.final} "
+                f"clamp_sub={self.clamp_subnormal} carry_bit={self.carry_bit}")
 
     def run(self, a, w):
         """The model's f32 results of A [M, K] times W [N, K]^T (decoded values)."""
@@ -100,10 +98,7 @@ class Model:
                 ep = np.where(zero, NEG, ea[:, None, s:s + self.block] + ew[None, :, s:s + self.block])
             else:
                 ep = np.where(zero, NEG, log2_floor(prod))
-            top = ep.max(axis=2)
-            ec = log2_floor(c)
-            if self.acc_in_max:
-                top = np.maximum(top, ec)
+            top = np.maximum(ep.max(axis=2), log2_floor(c))
             kept = np.full(top.shape, self.kept)
             if self.carry_bit:
                 # the largest products' significand, relative to 2^top: >= 2 means a carry
@@ -111,8 +106,7 @@ class Model:
                 kept = kept + (sig.max(axis=2) >= 2)
             unit = np.exp2((top - kept).clip(-300).astype(np.float64))
             terms = np.trunc(prod / unit[..., None]).sum(axis=2)
-            cu = np.trunc(c / unit) if self.acc_trunc else c / unit
-            total = (terms + cu) * unit
+            total = (terms + np.trunc(c / unit)) * unit
             total = np.where(top <= NEG // 2, c, total)
             if self.final == "f32":
                 c = total.astype(np.float32).astype(np.float64)

@@ -41,7 +41,7 @@ const NONE: i32 = i32::MIN / 4;
 
 /// One e4m3 code as the model reads it: |value| = `mag` · 2^`exp` with `mag` an integer below
 /// 16, `log2` = ⌊log2 |value|⌋, and `neg` = -1 for a negative code (0 otherwise).
-#[derive(Clone, Copy, Default)]
+#[derive(Clone, Copy)]
 struct Code {
     mag: u8,
     exp: i8,
@@ -181,15 +181,15 @@ fn step(a: &Step, w: &Step, acc: f32) -> f32 {
     (truncate_to_acc_bits(total) as f64 / unit) as f32
 }
 
-/// Row `i` of `a` times row `j` of `w` as the model sums it.
+/// The one row of `a` times row `j` of `w` as the model sums it.
 #[inline(always)]
-fn dot(a: &Planes, i: usize, w: &Planes, j: usize) -> f32 {
+fn dot(a: &Planes, w: &Planes, j: usize) -> f32 {
     let steps = a.stride / STEP;
     let mut master = 0f32;
     for unit in (0..steps).step_by(PROMOTE / STEP) {
         let mut acc = 0f32;
         for s in unit..(unit + PROMOTE / STEP).min(steps) {
-            acc = step(&a.step(i, s), &w.step(j, s), acc);
+            acc = step(&a.step(0, s), &w.step(j, s), acc);
         }
         master += acc;
     }
@@ -199,8 +199,8 @@ fn dot(a: &Planes, i: usize, w: &Planes, j: usize) -> f32 {
 /// [`dot`] compiled for AVX2 (the block loops vectorise).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-unsafe fn dot_avx2(a: &Planes, i: usize, w: &Planes, j: usize) -> f32 {
-    dot(a, i, w, j)
+unsafe fn dot_avx2(a: &Planes, w: &Planes, j: usize) -> f32 {
+    dot(a, w, j)
 }
 
 /// Fills `out` `[m, n]` with `value(i, j, acc)`, where `acc` is row i of `a` `[m, k]` times row j
@@ -229,12 +229,12 @@ pub(crate) fn fill<T: Send>(
                 #[cfg(target_arch = "x86_64")]
                 // SAFETY: dot_avx2 runs only where the CPU has AVX2 (checked above).
                 let acc = if avx2 {
-                    unsafe { dot_avx2(&ap, 0, &wp, j) }
+                    unsafe { dot_avx2(&ap, &wp, j) }
                 } else {
-                    dot(&ap, 0, &wp, j)
+                    dot(&ap, &wp, j)
                 };
                 #[cfg(not(target_arch = "x86_64"))]
-                let acc = dot(&ap, 0, &wp, j);
+                let acc = dot(&ap, &wp, j);
                 *o = value(i, j, acc);
             }
         });
