@@ -15,6 +15,8 @@ results [m, n] (LE). Needs numpy only.
 
 import argparse
 import itertools
+import os
+import struct
 
 import numpy as np
 
@@ -119,9 +121,6 @@ class Model:
 
 def write_fixtures(d, folder, rows=16, cols=32):
     """A slice of the promoted results of every mix at K = 32 and 384, for the Rust unit tests."""
-    import os
-    import struct
-
     os.makedirs(folder, exist_ok=True)
     for mix in ["normal", "wide", "positive", "per_token"]:
         for k in [32, 384]:

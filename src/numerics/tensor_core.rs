@@ -49,33 +49,29 @@ struct Code {
     neg: i8,
 }
 
-/// Every e4m3 code read as a [`Code`]. Zeros (and the NaN codes, which the quantizer never
-/// emits) get `mag` 0, so their products are zero whatever their exponents.
+/// Every e4m3 code read as a [`Code`], from [`super::e4m3_decode`] (the one definition of the
+/// format). Zeros (and the NaN codes, which the quantizer never emits) get `mag` 0, so their
+/// products are zero whatever their exponents.
 fn e4m3_codes() -> [Code; 256] {
     std::array::from_fn(|c| {
-        let (e, m) = ((c >> 3) & 0xF, (c & 0x7) as u8);
-        let neg = if c & 0x80 != 0 { -1 } else { 0 };
-        match (e, m) {
-            (0xF, 0x7) | (0, 0) => Code {
+        let v = super::e4m3_decode(c as u8);
+        let neg = if v.is_sign_negative() { -1 } else { 0 };
+        if v == 0.0 || v.is_nan() {
+            return Code {
                 mag: 0,
                 exp: -64,
                 log2: -64,
                 neg,
-            },
-            // subnormal: m · 2^-9
-            (0, m) => Code {
-                mag: m,
-                exp: -9,
-                log2: (7 - m.leading_zeros() as i8) - 9,
-                neg,
-            },
-            // normal: (8 + m) · 2^(e - 10)
-            (e, m) => Code {
-                mag: 8 + m,
-                exp: e as i8 - 10,
-                log2: e as i8 - 7,
-                neg,
-            },
+            };
+        }
+        // e4m3 keeps 3 fraction bits; its subnormals are whole multiples of 2^-9.
+        let log2 = log2_floor(v);
+        let exp = (log2 - 3).max(-9);
+        Code {
+            mag: (f64::from(v.abs()) * pow2(-exp)) as u8,
+            exp: exp as i8,
+            log2: log2 as i8,
+            neg,
         }
     })
 }
@@ -115,24 +111,26 @@ impl Planes {
     }
 
     /// Step `s` (elements `s · STEP ..`) of row `row`.
-    fn step(&self, row: usize, s: usize) -> Step {
+    fn step(&self, row: usize, s: usize) -> Step<'_> {
         let start = row * self.stride + s * STEP;
-        let at = |p: &[i32]| -> [i32; STEP] { p[start..start + STEP].try_into().expect("a step") };
+        fn at(p: &[i32], start: usize) -> &[i32; STEP] {
+            p[start..start + STEP].try_into().expect("a whole step")
+        }
         Step {
-            mag: at(&self.mag),
-            exp: at(&self.exp),
-            log2: at(&self.log2),
-            neg: at(&self.neg),
+            mag: at(&self.mag, start),
+            exp: at(&self.exp, start),
+            log2: at(&self.log2, start),
+            neg: at(&self.neg, start),
         }
     }
 }
 
 /// One step's elements of a row's planes.
-struct Step {
-    mag: [i32; STEP],
-    exp: [i32; STEP],
-    log2: [i32; STEP],
-    neg: [i32; STEP],
+struct Step<'a> {
+    mag: &'a [i32; STEP],
+    exp: &'a [i32; STEP],
+    log2: &'a [i32; STEP],
+    neg: &'a [i32; STEP],
 }
 
 /// `⌊log2 |x|⌋` of a non-zero finite f32 (subnormals included), NONE for zero.
@@ -154,7 +152,7 @@ fn pow2(e: i32) -> f64 {
 
 /// One wgmma step: the block of products `a` · `w` added to `acc` as the model sums them.
 #[inline(always)]
-fn step(a: &Step, w: &Step, acc: f32) -> f32 {
+fn step(a: Step, w: Step, acc: f32) -> f32 {
     let mut top = log2_floor(acc);
     for k in 0..STEP {
         let zero = a.mag[k] * w.mag[k] == 0;
@@ -189,7 +187,7 @@ fn dot(a: &Planes, w: &Planes, j: usize) -> f32 {
     for unit in (0..steps).step_by(PROMOTE / STEP) {
         let mut acc = 0f32;
         for s in unit..(unit + PROMOTE / STEP).min(steps) {
-            acc = step(&a.step(0, s), &w.step(j, s), acc);
+            acc = step(a.step(0, s), w.step(j, s), acc);
         }
         master += acc;
     }
