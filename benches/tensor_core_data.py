@@ -33,6 +33,12 @@ def draw(mix, rows, k, gen):
         # heavy tails scaled to e4m3's range per row, as the quantizer does
         t = normal / torch.rand(rows, k, generator=gen, device="cuda").clamp_min(0.05).sqrt()
         return t / t.abs().amax(dim=1, keepdim=True) * 448.0
+    if mix == "sparse":
+        # a static scale's input in silence: most elements zero or e4m3 subnormals (below
+        # 2^-6), a few normal ones; decides how zeros and subnormals set a block's alignment
+        exp = torch.randint(-12, 3, (rows, k), generator=gen, device="cuda").float()
+        keep = torch.rand(rows, k, generator=gen, device="cuda") < 0.5
+        return torch.where(keep, normal * torch.exp2(exp), torch.zeros_like(normal))
     raise ValueError(mix)
 
 
@@ -42,11 +48,13 @@ def main():
     one = torch.ones((), device="cuda")
     m, n = 256, 256
     saved = {"device": np.array(torch.cuda.get_device_name())}
-    for mix in ["normal", "wide", "positive", "per_token"]:
+    for mix in ["normal", "wide", "positive", "per_token", "sparse"]:
         for k in [32, 64, 128, 384]:
             # clamped: torch's cast gives NaN above e4m3's largest finite value
             a = draw(mix, m, k, gen).clamp(-448, 448).to(torch.float8_e4m3fn)
-            w = draw(mix, n, k, gen).clamp(-448, 448).to(torch.float8_e4m3fn)
+            # the sparse mix's weights span every binade ("wide")
+            w = draw("wide" if mix == "sparse" else mix, n, k, gen)
+            w = w.clamp(-448, 448).to(torch.float8_e4m3fn)
             for fast in [True, False]:
                 y = torch._scaled_mm(
                     a, w.t(), scale_a=one, scale_b=one, out_dtype=torch.float32, use_fast_accum=fast

@@ -1,6 +1,6 @@
 """Scores candidate models of the fp8 tensor cores' sum against GPU results.
 
-    python3 benches/tensor_core_fit.py DATA.npz [--variants all|chosen]
+    python3 benches/tensor_core_fit.py DATA.npz [--variants all|chosen|zeros]
     python3 benches/tensor_core_fit.py DATA.npz --write-fixtures tests/fixtures/tensor_core
 
 DATA.npz comes from `benches/tensor_core_data.py` on the GPU (cuBLASLt's fp8 GEMM with f32
@@ -74,16 +74,20 @@ class Model:
       nearest.
     clamp_subnormal: an e4m3 subnormal operand counts with exponent -6 (e4m3's emin).
     carry_bit: keep one more bit when the largest product carried (its significand >= 2).
+    zero_aligns: a product with a zero operand counts too, each zero operand with exponent -6
+      (an exponent field of 0, as a subnormal's); otherwise zero products never set the top.
     """
 
     def __init__(self, block=32, align="pre", kept=13, final="rz14", clamp_subnormal=False,
-                 carry_bit=False):
+                 carry_bit=False, zero_aligns=False):
         self.block, self.align, self.kept, self.final = block, align, kept, final
         self.clamp_subnormal, self.carry_bit = clamp_subnormal, carry_bit
+        self.zero_aligns = zero_aligns
 
     def name(self):
         return (f"block={self.block} align={self.align} kept={self.kept} final={self.final} "
-                f"clamp_sub={self.clamp_subnormal} carry_bit={self.carry_bit}")
+                f"clamp_sub={self.clamp_subnormal} carry_bit={self.carry_bit} "
+                f"zero_aligns={self.zero_aligns}")
 
     def run(self, a, w):
         """The model's f32 results of A [M, K] times W [N, K]^T (decoded values)."""
@@ -91,11 +95,13 @@ class Model:
         n = w.shape[0]
         ea = input_exponent(a, self.clamp_subnormal)
         ew = input_exponent(w, self.clamp_subnormal)
+        if self.zero_aligns:
+            ea, ew = np.where(a == 0, -6, ea), np.where(w == 0, -6, ew)
         c = np.zeros((m, n))
         for s in range(0, k, self.block):
             ab, wb = a[:, None, s:s + self.block], w[None, :, s:s + self.block]
             prod = ab * wb  # exact in f64
-            zero = prod == 0
+            zero = (prod == 0) & (not self.zero_aligns)
             if self.align == "pre":
                 ep = np.where(zero, NEG, ea[:, None, s:s + self.block] + ew[None, :, s:s + self.block])
             else:
@@ -140,6 +146,10 @@ def write_fixtures(d, folder, rows=16, cols=32):
 def candidates(which):
     if which == "chosen":
         return [Model()]
+    if which == "zeros":
+        # how zeros and subnormals set a block's alignment (the sparse mix tells them apart)
+        return [Model(clamp_subnormal=c, zero_aligns=z) for c in [False, True]
+                for z in [False, True]]
     out = []
     for block, align, kept, final, clamp, carry in itertools.product(
             [32, 16], ["pre", "post"], [13, 14], ["f32", "rz14", "rz15", "rz24"], [False, True],
@@ -152,7 +162,7 @@ def candidates(which):
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("data")
-    p.add_argument("--variants", default="all", choices=["all", "chosen"])
+    p.add_argument("--variants", default="all", choices=["all", "chosen", "zeros"])
     p.add_argument("--ks", default="32,64,128,384")
     p.add_argument("--rows", type=int, default=64, help="rows of A scored (all 256 is slower)")
     p.add_argument("--write-fixtures", metavar="DIR")
@@ -162,7 +172,8 @@ def main():
         write_fixtures(d, args.write_fixtures)
         return
     ks = [int(x) for x in args.ks.split(",")]
-    mixes = ["normal", "wide", "positive", "per_token"]
+    mixes = [m for m in ["normal", "wide", "positive", "per_token", "sparse"]
+             if f"{m}_k{ks[0]}_a" in d]
     print(f"device: {d['device']}")
     results = []
     for model in candidates(args.variants):

@@ -717,10 +717,11 @@ fn many_tiles_per_cta_ragged_every_config() {
     }
 }
 
-/// `Fp8Accumulation::TensorCore` (verify's `--fp8-accumulation tensor-core`) models how the
-/// default wgmma kernels sum: where the GPU's f16 output differs from the reference's, the
-/// model gives the GPU's bits on most outputs, and it differs from the GPU on far fewer outputs
-/// than the reference does.
+/// `Fp8Accumulation::TensorCore` (verify's `--fp8-accumulation tensor-core`) is the default
+/// wgmma kernels' arithmetic: the model gives the GPU's f16 bits on every output, with the
+/// epilogues the recipes use (per-token and static per-tensor scales, bias, the GELU of a GEMM
+/// chain's producer) and through the producer's quantizing epilogue (the consumer's codes), on
+/// random shapes and on Whisper tiny's fc1 / fc2 shapes.
 #[test]
 fn fp8_tensor_core_model_predicts_the_wgmma_kernels() {
     let Some(lane) = lane("fp8_tensor_core_model_predicts_the_wgmma_kernels") else {
@@ -734,47 +735,83 @@ fn fp8_tensor_core_model_predicts_the_wgmma_kernels() {
     }
     let dt = QuantDtype::Float8E4m3fn;
     let mut rng = Rng::new(19);
-    for (m, n, k) in [(1500, 384, 384), (129, 384, 1536), (33, 200, 400)] {
+    let shapes = [
+        (1500, 384, 384),
+        (129, 384, 1536),
+        (33, 200, 400),
+        (1500, 1536, 384),
+        (1500, 384, 1536),
+    ];
+    // (per-token scale, bias, activation)
+    let epilogues = [
+        (true, false, Activation::None),
+        (false, true, Activation::None),
+        (true, true, Activation::Gelu),
+        (false, true, Activation::Gelu),
+    ];
+    for (m, n, k) in shapes {
         let c = Case::new(&mut rng, dt, m, n, k);
-        let epi = c.epi(false, Activation::None, OutDtype::F16);
-        let gpu = c.gpu(lane, None, dt, true, &epi);
-        let reference = c.cpu(dt, true, &epi);
-        let model = numerics::scaled_mm_accumulating(
-            dt,
-            &c.a,
-            c.ascale(true),
-            &c.w,
-            &c.weight_scale,
-            m,
-            n,
-            k,
-            &epi,
-            numerics::Fp8Accumulation::TensorCore,
-        );
-        let differ = |x: &[u16]| gpu.iter().zip(x).filter(|(g, x)| g != x).count();
-        let (off_reference, off_model) = (differ(&reference), differ(&model));
-        let explained = gpu
-            .iter()
-            .zip(&reference)
-            .zip(&model)
-            .filter(|((g, r), t)| g != r && g == t)
-            .count();
-        visible(&format!(
-            "fp8 {m}x{n}x{k}: the GPU differs from the reference on {off_reference} of {} \
-             outputs, from the model on {off_model}; the model gives the GPU's bits on \
-             {explained} of the {off_reference}",
-            gpu.len()
-        ));
-        assert!(
-            off_reference > 0,
-            "{m}x{n}x{k}: no output to tell the sums apart"
-        );
-        // The model is the kernels' arithmetic (docs/numerics.md): every output, bit for bit.
-        assert_eq!(
-            off_model, 0,
-            "{m}x{n}x{k}: the model does not give the GPU's bits ({off_model} outputs differ; \
-             {off_reference} differ from the reference, {explained} of them explained)"
-        );
+        let smooth: Vec<f32> = (0..n).map(|_| rng.range(0.1, 10.0)).collect();
+        for (per_row, bias, act) in epilogues {
+            let what = format!(
+                "fp8 {m}x{n}x{k} ({}, bias {bias}, {})",
+                if per_row { "per token" } else { "per tensor" },
+                act.name()
+            );
+            let epi = c.epi(bias, act, OutDtype::F16);
+            let gpu = c.gpu(lane, None, dt, per_row, &epi);
+            let reference = c.cpu(dt, per_row, &epi);
+            let model = numerics::scaled_mm_accumulating(
+                dt,
+                &c.a,
+                c.ascale(per_row),
+                &c.w,
+                &c.weight_scale,
+                m,
+                n,
+                k,
+                &epi,
+                numerics::Fp8Accumulation::TensorCore,
+            );
+            let differ = |x: &[u16]| gpu.iter().zip(x).filter(|(g, x)| g != x).count();
+            let (off_reference, off_model) = (differ(&reference), differ(&model));
+            visible(&format!(
+                "{what}: the GPU differs from the reference on {off_reference} of {} outputs, \
+                 from the model on {off_model}",
+                gpu.len()
+            ));
+            assert!(
+                off_reference > 0,
+                "{what}: no output to tell the sums apart"
+            );
+            // The model is the kernels' arithmetic (docs/numerics.md): every output, bit for bit.
+            assert_bits_eq(&what, &gpu, &model, n);
+            if act == Activation::Gelu {
+                // A chain producer: its epilogue writes the consumer's static fp8 codes.
+                let yf: Vec<f32> = model
+                    .iter()
+                    .map(|&b| out_bits_to_f32(OutDtype::F16, b))
+                    .collect();
+                let want = numerics::quantize_static(&yf, m, n, Some(&smooth), 0.02, dt);
+                let got = lane
+                    .scaled_mm_quant(
+                        dt,
+                        &c.a,
+                        c.ascale(per_row),
+                        &c.w,
+                        &c.weight_scale,
+                        m,
+                        n,
+                        k,
+                        &epi,
+                        Some(&smooth),
+                        0.02,
+                        dt,
+                    )
+                    .unwrap_or_else(|e| panic!("{e}"));
+                assert_bits_eq(&format!("{what} -> fp8 codes"), &got, &want, n);
+            }
+        }
     }
 }
 
