@@ -78,7 +78,7 @@ class Model:
       (an exponent field of 0, as a subnormal's); otherwise zero products never set the top.
     """
 
-    def __init__(self, block=32, align="pre", kept=13, final="rz14", clamp_subnormal=False,
+    def __init__(self, block=32, align="pre", kept=13, final="rz14", clamp_subnormal=True,
                  carry_bit=False, zero_aligns=False):
         self.block, self.align, self.kept, self.final = block, align, kept, final
         self.clamp_subnormal, self.carry_bit = clamp_subnormal, carry_bit

@@ -7,8 +7,9 @@
 //! promotion; `benches/tensor_core_fit.py`, docs/numerics.md): each wgmma step adds 32 products
 //! to the accumulator as one block. The block aligns every term (the 32 exact products and the
 //! accumulator) to the largest of their exponents, where a product's exponent is the sum of its
-//! operands' (`⌊log2 |a|⌋ + ⌊log2 |w|⌋`, before the product's own carry), keeps 13 bits below
-//! it, truncating toward zero, sums exactly, and keeps 14 significant bits of the sum, again
+//! operands' exponent fields (`⌊log2 |a|⌋ + ⌊log2 |w|⌋` for normal codes, before the product's
+//! own carry; a subnormal operand counts with e4m3's emin, -6, however small it is; a zero
+//! product never sets it), keeps 13 bits below it, truncating toward zero, sums exactly, and keeps 14 significant bits of the sum, again
 //! toward zero (the accumulator's e8m13 format). Our wgmma kernel restarts that accumulator
 //! every [`PROMOTE`] K elements and adds it into an f32 master accumulator (round to nearest),
 //! units in ascending K order.
@@ -40,14 +41,18 @@ fn truncate_to_acc_bits(sum: i64) -> i64 {
 const NONE: i32 = i32::MIN / 4;
 
 /// One e4m3 code as the model reads it: |value| = `mag` · 2^`exp` with `mag` an integer below
-/// 16, `log2` = ⌊log2 |value|⌋, and `neg` = -1 for a negative code (0 otherwise).
+/// 16, `align` = the exponent the block aligns on (its exponent field: ⌊log2 |value|⌋, or
+/// e4m3's emin -6 for a subnormal), and `neg` = -1 for a negative code (0 otherwise).
 #[derive(Clone, Copy)]
 struct Code {
     mag: u8,
     exp: i8,
-    log2: i8,
+    align: i8,
     neg: i8,
 }
+
+/// e4m3's smallest normal exponent, with which its subnormals align.
+const E4M3_EMIN: i32 = -6;
 
 /// Every e4m3 code read as a [`Code`], from [`super::e4m3_decode`] (the one definition of the
 /// format). Zeros (and the NaN codes, which the quantizer never emits) get `mag` 0, so their
@@ -60,7 +65,7 @@ fn e4m3_codes() -> [Code; 256] {
             return Code {
                 mag: 0,
                 exp: -64,
-                log2: -64,
+                align: -64,
                 neg,
             };
         }
@@ -70,7 +75,9 @@ fn e4m3_codes() -> [Code; 256] {
         Code {
             mag: (f64::from(v.abs()) * pow2(-exp)) as u8,
             exp: exp as i8,
-            log2: log2 as i8,
+            // Measured: a subnormal operand aligns as if it were 2^-6 (an exponent field of 0
+            // reads as emin), which the per-layer outputs of a static fp8 layer on the GPU show.
+            align: log2.max(E4M3_EMIN) as i8,
             neg,
         }
     })
@@ -82,7 +89,7 @@ fn e4m3_codes() -> [Code; 256] {
 struct Planes {
     mag: Vec<i32>,
     exp: Vec<i32>,
-    log2: Vec<i32>,
+    align: Vec<i32>,
     neg: Vec<i32>,
     /// Elements per padded row.
     stride: usize,
@@ -104,7 +111,7 @@ impl Planes {
         Planes {
             mag: plane(|c| i32::from(c.mag)),
             exp: plane(|c| i32::from(c.exp)),
-            log2: plane(|c| i32::from(c.log2)),
+            align: plane(|c| i32::from(c.align)),
             neg: plane(|c| i32::from(c.neg)),
             stride,
         }
@@ -119,7 +126,7 @@ impl Planes {
         Step {
             mag: at(&self.mag, start),
             exp: at(&self.exp, start),
-            log2: at(&self.log2, start),
+            align: at(&self.align, start),
             neg: at(&self.neg, start),
         }
     }
@@ -129,7 +136,7 @@ impl Planes {
 struct Step<'a> {
     mag: &'a [i32; STEP],
     exp: &'a [i32; STEP],
-    log2: &'a [i32; STEP],
+    align: &'a [i32; STEP],
     neg: &'a [i32; STEP],
 }
 
@@ -156,7 +163,7 @@ fn step(a: Step, w: Step, acc: f32) -> f32 {
     let mut top = log2_floor(acc);
     for k in 0..STEP {
         let zero = a.mag[k] * w.mag[k] == 0;
-        top = top.max(if zero { NONE } else { a.log2[k] + w.log2[k] });
+        top = top.max(if zero { NONE } else { a.align[k] + w.align[k] });
     }
     if top == NONE {
         return acc; // every term is zero
@@ -269,15 +276,17 @@ mod tests {
                 v.abs(),
                 "code {code:#x}"
             );
-            // Subnormal codes too: 2^-9 is -9, 3 · 2^-9 is -8.
+            // Subnormal codes align with e4m3's emin: 2^-9 and 3 · 2^-9 as -6.
             assert_eq!(
-                i32::from(c.log2),
-                v.abs().log2().floor() as i32,
+                i32::from(c.align),
+                (v.abs().log2().floor() as i32).max(-6),
                 "code {code:#x}"
             );
             assert_eq!(c.neg, if v < 0.0 { -1 } else { 0 }, "code {code:#x}");
         }
-        assert_eq!(t[usize::from(e4m3_encode(0.001953125))].log2, -9);
+        assert_eq!(t[usize::from(e4m3_encode(0.001953125))].align, -6);
+        assert_eq!(t[usize::from(e4m3_encode(0.015625))].align, -6);
+        assert_eq!(t[usize::from(e4m3_encode(0.03125))].align, -5);
     }
 
     #[test]
@@ -321,6 +330,19 @@ mod tests {
         let a = codes(&[256.0, -9.0]);
         let w = codes(&[256.0, 1.0]);
         assert_eq!(accumulators(&a, &w, 1, 1, 2), vec![65536.0 - 8.0]);
+    }
+
+    #[test]
+    fn a_subnormal_operand_aligns_as_emin() {
+        // 2^-9 (subnormal) · 2^8 = 2^-1 aligns as -6 + 8 = 2, so the last kept unit is 2^-11 and
+        // 2^-6 · 2^-7 = 2^-13 vanishes; aligned on the product's own exponent (-1) it would stay.
+        let a = codes(&[0.001953125, 0.015625]);
+        let w = codes(&[256.0, 0.0078125]);
+        assert_eq!(accumulators(&a, &w, 1, 1, 2), vec![0.5]);
+        // A normal operand of the same product aligns on its own exponent: 2^-13 stays.
+        let a = codes(&[0.5, 0.015625]);
+        let w = codes(&[1.0, 0.0078125]);
+        assert_eq!(accumulators(&a, &w, 1, 1, 2), vec![0.5 + 2f32.powi(-13)]);
     }
 
     /// GPU results written by `benches/tensor_core_fit.py --write-fixtures` from an H100's
