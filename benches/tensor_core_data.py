@@ -1,7 +1,8 @@
 """Collects fp8 GEMM results of the GPU's tensor cores, for fitting the CPU model of their sum
 (`verify --fp8-accumulation tensor-core`, src/numerics/tensor_core.rs; docs/numerics.md).
 
-Runs where torch sees a Hopper GPU. For several K and several mixes of magnitudes it draws e4m3
+Runs where torch sees a Hopper GPU. For several K and several mixes of magnitudes (the last,
+"sparse", is mostly zeros and subnormals, as a static scale quantizes silence) it draws e4m3
 matrices A [M, K] and W [N, K], multiplies them with cuBLASLt's fp8 GEMM (`torch._scaled_mm`,
 unit scales, f32 output) without promotion (`use_fast_accum=True`: the tensor cores' own
 accumulator across the whole K) and with it, and saves the codes and the f32 results:

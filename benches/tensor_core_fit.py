@@ -37,6 +37,8 @@ def e4m3_values():
 
 
 E4M3 = e4m3_values()
+# the magnitude mixes of benches/tensor_core_data.py (data from before 2026-12-07 has no "sparse")
+MIXES = ["normal", "wide", "positive", "per_token", "sparse"]
 NEG = -(1 << 20)  # the exponent of a zero: below every real one
 
 
@@ -128,7 +130,7 @@ class Model:
 def write_fixtures(d, folder, rows=16, cols=32):
     """A slice of the promoted results of every mix at K = 32 and 384, for the Rust unit tests."""
     os.makedirs(folder, exist_ok=True)
-    for mix in ["normal", "wide", "positive", "per_token"]:
+    for mix in [m for m in MIXES if f"{m}_k32_a" in d]:
         for k in [32, 384]:
             a, w = d[f"{mix}_k{k}_a"], d[f"{mix}_k{k}_w"]
             # the first rows and columns without a NaN code (0x7f, 0xff)
@@ -172,8 +174,7 @@ def main():
         write_fixtures(d, args.write_fixtures)
         return
     ks = [int(x) for x in args.ks.split(",")]
-    mixes = [m for m in ["normal", "wide", "positive", "per_token", "sparse"]
-             if f"{m}_k{ks[0]}_a" in d]
+    mixes = [m for m in MIXES if f"{m}_k{ks[0]}_a" in d]
     print(f"device: {d['device']}")
     results = []
     for model in candidates(args.variants):

@@ -347,7 +347,7 @@ mod tests {
 
     /// GPU results written by `benches/tensor_core_fit.py --write-fixtures` from an H100's
     /// cuBLASLt fp8 GEMM (f32 output, promotion every 128 K elements, as our wgmma kernel).
-    const GPU_FIXTURES: [(&str, &[u8]); 8] = [
+    const GPU_FIXTURES: [(&str, &[u8]); 10] = [
         (
             "normal_k32",
             include_bytes!("../../tests/fixtures/tensor_core/normal_k32.bin"),
@@ -379,6 +379,16 @@ mod tests {
         (
             "per_token_k384",
             include_bytes!("../../tests/fixtures/tensor_core/per_token_k384.bin"),
+        ),
+        // Half zeros, most of the rest subnormal: where a subnormal operand's alignment (emin)
+        // shows (aligned on its own exponent, 10 and 6 of these outputs differ).
+        (
+            "sparse_k32",
+            include_bytes!("../../tests/fixtures/tensor_core/sparse_k32.bin"),
+        ),
+        (
+            "sparse_k384",
+            include_bytes!("../../tests/fixtures/tensor_core/sparse_k384.bin"),
         ),
     ];
 
