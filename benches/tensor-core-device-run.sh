@@ -11,6 +11,7 @@
 #
 # SET is cross_domain (the default), in_domain or long (installs c and d). The reports land in
 # $OUT as <recipe>-<set>-{gpu,tc}.json; benches/paired_cosine.py compares two of them.
+# LIMIT=N verifies only the set's first N utterances (on both lanes).
 # PER_LAYER=N adds `verify --per-layer --device cuda --fp8-accumulation tensor-core` on the first
 # N utterances and lists every layer whose GPU output differs from the CPU model on the same
 # input (to find the step that parts the lanes where the reports differ).
@@ -56,6 +57,7 @@ for r in "${RECIPES[@]}"; do
         esac
         start=$SECONDS
         "$B" verify "$q" --reference "$OASR_WHISPER_TINY_EN" --manifest "$manifest" "${opts[@]}" \
+            ${LIMIT:+--limit "$LIMIT"} \
             --json "$OUT/$r-$set_name-$lane.json" > "$OUT/$r-$set_name-$lane.log" 2>&1 || status=1
         echo "$r $set_name $lane: $((SECONDS - start)) s"
     done
