@@ -156,6 +156,19 @@ struct Case {
     bias: Vec<f32>,
 }
 
+/// The static consumer input scale of the chain tests.
+const CHAIN_SCALE: f32 = 0.02;
+
+/// What a chain producer's quantizing epilogue must write for its f16 output `y` `[m, n]`: the
+/// consumer's `quantize_static` of the widened values.
+fn chain_codes(y: &[u16], m: usize, n: usize, smooth: &[f32], out8: QuantDtype) -> Vec<u8> {
+    let yf: Vec<f32> = y
+        .iter()
+        .map(|&b| out_bits_to_f32(OutDtype::F16, b))
+        .collect();
+    numerics::quantize_static(&yf, m, n, Some(smooth), CHAIN_SCALE, out8)
+}
+
 impl Case {
     /// Scales chosen so that the epilogue sees values from tiny to beyond f16's range, with a
     /// NaN and infinite bias column and a zero-scale row, so activations and rounding meet their
@@ -245,6 +258,34 @@ impl Case {
             self.n,
             self.k,
             epi,
+        )
+        .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// The GPU's `scaled_mm_quant` of this case: a chain producer's output quantized for a
+    /// static consumer (`smooth`, input scale [`CHAIN_SCALE`]) into `out8` codes.
+    fn gpu_quant(
+        &self,
+        lane: &CudaLane,
+        dtype: QuantDtype,
+        per_row: bool,
+        epi: &GemmEpilogue,
+        smooth: &[f32],
+        out8: QuantDtype,
+    ) -> Vec<u8> {
+        lane.scaled_mm_quant(
+            dtype,
+            &self.a,
+            self.ascale(per_row),
+            &self.w,
+            &self.weight_scale,
+            self.m,
+            self.n,
+            self.k,
+            epi,
+            Some(smooth),
+            CHAIN_SCALE,
+            out8,
         )
         .unwrap_or_else(|e| panic!("{e}"))
     }
@@ -599,28 +640,8 @@ fn fp8_scaled_mm_quant_equals_quantizing_the_gpu_scaled_mm() {
         let smooth: Vec<f32> = (0..n).map(|_| rng.range(0.1, 10.0)).collect();
         for out8 in QuantDtype::ALL {
             let epi = c.epi(true, Activation::Swish, OutDtype::F16);
-            let y = c.gpu(lane, None, dt, true, &epi);
-            let yf: Vec<f32> = y
-                .iter()
-                .map(|&b| out_bits_to_f32(OutDtype::F16, b))
-                .collect();
-            let want = numerics::quantize_static(&yf, m, n, Some(&smooth), 0.02, out8);
-            let got = lane
-                .scaled_mm_quant(
-                    dt,
-                    &c.a,
-                    c.ascale(true),
-                    &c.w,
-                    &c.weight_scale,
-                    m,
-                    n,
-                    k,
-                    &epi,
-                    Some(&smooth),
-                    0.02,
-                    out8,
-                )
-                .unwrap_or_else(|e| panic!("{e}"));
+            let want = chain_codes(&c.gpu(lane, None, dt, true, &epi), m, n, &smooth, out8);
+            let got = c.gpu_quant(lane, dt, true, &epi, &smooth, out8);
             assert_bits_eq(
                 &format!("fp8 scaled_mm_quant {m}x{n}x{k} -> {out8}"),
                 &got,
@@ -803,27 +824,8 @@ fn fp8_tensor_core_model_predicts_the_wgmma_kernels() {
             assert_bits_eq(&what, &gpu, &model, n);
             if act == Activation::Gelu {
                 // A chain producer: its epilogue writes the consumer's static fp8 codes.
-                let yf: Vec<f32> = model
-                    .iter()
-                    .map(|&b| out_bits_to_f32(OutDtype::F16, b))
-                    .collect();
-                let want = numerics::quantize_static(&yf, m, n, Some(&smooth), 0.02, dt);
-                let got = lane
-                    .scaled_mm_quant(
-                        dt,
-                        &c.a,
-                        c.ascale(per_row),
-                        &c.w,
-                        &c.weight_scale,
-                        m,
-                        n,
-                        k,
-                        &epi,
-                        Some(&smooth),
-                        0.02,
-                        dt,
-                    )
-                    .unwrap_or_else(|e| panic!("{e}"));
+                let want = chain_codes(&model, m, n, &smooth, dt);
+                let got = c.gpu_quant(lane, dt, per_row, &epi, &smooth, dt);
                 assert_bits_eq(&format!("{what} -> fp8 codes"), &got, &want, n);
             }
         }
