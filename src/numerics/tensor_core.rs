@@ -3,16 +3,17 @@
 //! reference ([`super::scaled_mm`]) sums every product exactly in f32 order.
 //!
 //! The model, fitted on an H100 against cuBLASLt's fp8 GEMM with f32 output (bit-identical on
-//! every one of 904 240 outputs of random e4m3 matrices, K from 32 to 384, with and without
-//! promotion; `benches/tensor_core_fit.py`, docs/numerics.md): each wgmma step adds 32 products
-//! to the accumulator as one block. The block aligns every term (the 32 exact products and the
-//! accumulator) to the largest of their exponents, where a product's exponent is the sum of its
-//! operands' exponent fields (`⌊log2 |a|⌋ + ⌊log2 |w|⌋` for normal codes, before the product's
-//! own carry; a subnormal operand counts with e4m3's emin, -6, however small it is; a zero
-//! product never sets it), keeps 13 bits below it, truncating toward zero, sums exactly, and keeps 14 significant bits of the sum, again
-//! toward zero (the accumulator's e8m13 format). Our wgmma kernel restarts that accumulator
-//! every [`PROMOTE`] K elements and adds it into an f32 master accumulator (round to nearest),
-//! units in ascending K order.
+//! every one of 1 310 720 outputs of e4m3 matrices in five magnitude mixes, K from 32 to 384,
+//! with and without promotion; `benches/tensor_core_fit.py`, docs/numerics.md): each wgmma step
+//! adds 32 products to the accumulator as one block. The block aligns every term (the 32 exact
+//! products and the accumulator) to the largest of their exponents, where a product's exponent
+//! is the sum of its operands' exponent fields (`⌊log2 |a|⌋ + ⌊log2 |w|⌋` for normal codes,
+//! before the product's own carry; a subnormal operand counts with e4m3's emin, -6, however
+//! small it is; a zero product never sets it), keeps 13 bits below it, truncating toward zero,
+//! sums exactly, and keeps 14 significant bits of the sum, again toward zero (the
+//! accumulator's e8m13 format). Our wgmma kernel restarts that accumulator every [`PROMOTE`] K
+//! elements and adds it into an f32 master accumulator (round to nearest), units in ascending K
+//! order.
 
 /// K elements per wgmma step (one block of the model).
 const STEP: usize = 32;
