@@ -199,7 +199,9 @@ struct SearchArgs {
     /// Attention rescoring: the right-to-left decoder's weight in [0, 1] (default 0).
     #[arg(long, value_name = "W")]
     reverse_weight: Option<f64>,
-    /// CTC prefix beam search: candidates kept for rescoring (default 10).
+    /// CTC prefix beam search: candidates kept for rescoring (default 10). Whisper: hypotheses
+    /// of the beam search at temperature 0 (default 1, greedy; openai-whisper's command line and
+    /// faster-whisper use 5).
     #[arg(long, value_name = "N")]
     beam_size: Option<usize>,
     /// Whisper: the spoken language, as its code (`en`, `de`, ...); default: detected per

@@ -198,11 +198,25 @@ fn language_and_task_are_checked_by_name() {
     );
     assert!(translate.rules.detect_language);
     assert_eq!(translate.rules.prompt[2], 50358, "<|translate|>");
+    // Whisper has a beam search but no CTC branch.
     let e = refused(DecodeOptions {
-        beam_size: Some(4),
+        ctc_weight: Some(0.5),
+        ..DecodeOptions::default()
+    });
+    assert!(e.contains("--ctc-weight"), "{e}");
+    let e = refused(DecodeOptions {
+        beam_size: Some(0),
         ..DecodeOptions::default()
     });
     assert!(e.contains("--beam-size"), "{e}");
+    let beam = asr(
+        &src,
+        &DecodeOptions {
+            beam_size: Some(4),
+            ..DecodeOptions::default()
+        },
+    );
+    assert_eq!(beam.fallback.beam_size, 4);
 
     // An English-only model: `--language en` is its own prompt; anything else is refused.
     let en = Checkpoint::open(&common::tiny_en()).unwrap();

@@ -1,5 +1,5 @@
-//! Whisper behind the model seam: the log-mel frontend, the encoder, greedy decoding with
-//! Whisper's temperature fallback, and teacher-forced scoring.
+//! Whisper behind the model seam: the log-mel frontend, the encoder, greedy or beam-search
+//! decoding with Whisper's temperature fallback, and teacher-forced scoring.
 
 use std::any::Any;
 
@@ -43,15 +43,27 @@ impl WhisperAsr {
     /// [`Self::new`] decoding in `options.language` and doing `options.task`; the rescoring
     /// options of CTC models are refused by name.
     pub fn with_options(ckpt: &Checkpoint, options: &DecodeOptions) -> Result<Self> {
-        if let Some(option) = options
-            .set()
-            .into_iter()
-            .find(|o| !["--language", "--task", "--no-fallback", "--padding"].contains(o))
-        {
+        if let Some(option) = options.set().into_iter().find(|o| {
+            ![
+                "--language",
+                "--task",
+                "--no-fallback",
+                "--padding",
+                "--beam-size",
+            ]
+            .contains(o)
+        }) {
             return Err(Error::option(
                 option,
-                "applies to CTC models with attention rescoring (u2pp_conformer); Whisper decodes \
-                 greedily",
+                "applies to CTC models with attention rescoring (u2pp_conformer); Whisper has no \
+                 CTC branch",
+            ));
+        }
+        let beam_size = options.beam_size.unwrap_or(1);
+        if beam_size == 0 {
+            return Err(Error::option(
+                "--beam-size",
+                "0 keeps no hypothesis; give 1 (greedy) or more",
             ));
         }
         let tokenizer_path = ckpt
@@ -96,10 +108,13 @@ impl WhisperAsr {
             rules,
             frontend,
             sample_rate,
-            fallback: if options.no_fallback {
-                Fallback::greedy_only()
-            } else {
-                Fallback::default()
+            fallback: Fallback {
+                beam_size,
+                ..if options.no_fallback {
+                    Fallback::greedy_only()
+                } else {
+                    Fallback::default()
+                }
             },
             task: options.task,
             padding: options.padding,
@@ -170,7 +185,7 @@ impl SpeechModel for WhisperAsr {
         self.model.encode(exec, &mel.data, mel.n_mels, mel.frames)
     }
 
-    /// Greedy, with temperature fallback, up to [`token_limit`] tokens for the audio's length.
+    /// Greedy (or beam search), with temperature fallback, up to [`token_limit`] tokens for the audio's length.
     /// A multilingual model without a given language detects it first; the language token then
     /// leads the tokens (and its row the scores), so that scoring the tokens replays it.
     fn decode(
@@ -238,6 +253,9 @@ impl SpeechModel for WhisperAsr {
         if self.fallback.temperatures.len() == 1 {
             record.insert("fallback".into(), false.into());
         }
+        if self.fallback.beam_size > 1 {
+            record.insert("beam_size".into(), self.fallback.beam_size.into());
+        }
         if let Some(padding) = self.padding {
             record.insert("padding".into(), padding.name().into());
         }
@@ -253,8 +271,8 @@ impl SpeechModel for WhisperAsr {
     }
 }
 
-/// The registry's loader. Whisper's search (greedy with the temperature fallback) takes a
-/// language and a task, and none of the rescoring options.
+/// The registry's loader. Whisper's search (greedy or beam search, with the temperature fallback)
+/// takes a language, a task and a beam size, and none of the rescoring options.
 pub(crate) fn load(ckpt: &Checkpoint, options: &DecodeOptions) -> Result<Box<dyn SpeechModel>> {
     Ok(Box::new(WhisperAsr::with_options(ckpt, options)?))
 }

@@ -324,6 +324,9 @@ pub struct Fallback {
     pub no_speech_threshold: f64,
     /// Samples drawn per temperature above 0; the most likely one is kept.
     pub best_of: usize,
+    /// Hypotheses kept by the beam search at temperature 0 (Whisper's `beam_size`); 1 decodes
+    /// greedily.
+    pub beam_size: usize,
     /// Seed of the sampler: every utterance starts from it, so results are deterministic.
     pub seed: u64,
 }
@@ -336,6 +339,7 @@ impl Default for Fallback {
             logprob_threshold: -1.0,
             no_speech_threshold: 0.6,
             best_of: 5,
+            beam_size: 1,
             seed: 0x5eed,
         }
     }
@@ -470,6 +474,146 @@ fn decode_once(
     Ok(out)
 }
 
+/// One hypothesis of a beam search: its generated tokens, its summed log-probability, and the
+/// decoder's logits after its last token (with the state that produced them).
+struct Beam {
+    tokens: Vec<u32>,
+    sum_logprob: f64,
+    state: DecoderState,
+    last: Vec<f32>,
+}
+
+/// Beam search over an encoder output, as OpenAI Whisper's `BeamSearchDecoder` (patience 1) and
+/// its maximum-likelihood ranker: each step extends every live hypothesis by its `beam_size + 1`
+/// most likely allowed tokens, keeps the `beam_size` best extensions that do not end the text,
+/// and sets aside those that do; it stops once `beam_size` hypotheses have ended (or at `limit`
+/// tokens, when the live ones are ranked too). The hypothesis kept is the one with the highest
+/// summed log-probability over its length. With `keep_logits`, its rows are scored again
+/// teacher-forced (the rows a greedy decoding keeps as it goes).
+fn beam_search(
+    model: &Whisper,
+    exec: &mut dyn LinearExec,
+    audio: &Tensor,
+    rules: &DecodingRules,
+    limit: usize,
+    beam_size: usize,
+    keep_logits: bool,
+) -> Result<Decoded> {
+    let fresh = model.start_decoder(exec, audio)?;
+    let mut state = fresh.clone();
+    let mut rows = logits_rows(&model.decode(exec, &mut state, &rules.prompt)?)?;
+    let mut out = Decoded {
+        attempts: 1,
+        ..Decoded::default()
+    };
+    if let (Some(first), Some(ns)) = (rows.first(), rules.no_speech) {
+        let lp = log_softmax_allowed(first, |_| true, 1.0);
+        out.no_speech_prob = lp.get(ns as usize).map_or(0.0, |v| v.exp());
+    }
+    let mut live = vec![Beam {
+        tokens: Vec::new(),
+        sum_logprob: 0.0,
+        state,
+        last: rows.pop().unwrap_or_default(),
+    }];
+    // (tokens without end-of-text, summed log-probability with it, ended at end-of-text)
+    let mut finished: Vec<(Vec<u32>, f64, bool)> = Vec::new();
+    for step in 0..limit {
+        let allowed = |i| rules.allowed(i, step == 0);
+        // (summed log-probability, live hypothesis it extends, token), in the order Whisper
+        // lists them: by hypothesis, then by likelihood.
+        let mut candidates: Vec<(f64, usize, u32)> = Vec::new();
+        for (b, beam) in live.iter().enumerate() {
+            let logprobs = log_softmax_allowed(&beam.last, allowed, 1.0);
+            let mut order: Vec<usize> = (0..logprobs.len())
+                .filter(|&i| logprobs[i].is_finite())
+                .collect();
+            order.sort_by(|&x, &y| logprobs[y].total_cmp(&logprobs[x]));
+            for &t in order.iter().take(beam_size + 1) {
+                candidates.push((beam.sum_logprob + logprobs[t], b, t as u32));
+            }
+        }
+        // Stable: ties keep that order, as Python's `sorted` does.
+        candidates.sort_by(|x, y| y.0.total_cmp(&x.0));
+        let mut next: Vec<(f64, usize, u32)> = Vec::new();
+        let mut ended: Vec<(Vec<u32>, f64, bool)> = Vec::new();
+        for &(score, b, t) in &candidates {
+            if t == rules.eot {
+                ended.push((live[b].tokens.clone(), score, true));
+            } else {
+                next.push((score, b, t));
+                if next.len() == beam_size {
+                    break;
+                }
+            }
+        }
+        for e in ended {
+            if finished.len() >= beam_size {
+                break;
+            }
+            finished.push(e);
+        }
+        if finished.len() >= beam_size || next.is_empty() {
+            live.clear();
+            break;
+        }
+        let mut extended = Vec::with_capacity(next.len());
+        for (score, b, t) in next {
+            let mut state = live[b].state.clone();
+            let mut tokens = live[b].tokens.clone();
+            tokens.push(t);
+            // The last step's extensions are ranked, never extended: no logits needed.
+            let last = if step + 1 < limit && state.position < model.config.max_target_positions {
+                logits_rows(&model.decode(exec, &mut state, &[t])?)?
+                    .pop()
+                    .unwrap_or_default()
+            } else {
+                Vec::new()
+            };
+            extended.push(Beam {
+                tokens,
+                sum_logprob: score,
+                state,
+                last,
+            });
+        }
+        live = extended;
+        if live.iter().any(|b| b.last.is_empty()) {
+            break; // the token limit or the decoder's last position
+        }
+    }
+    // Too few ended: the live hypotheses join, most likely first, as if they ended here.
+    live.sort_by(|x, y| y.sum_logprob.total_cmp(&x.sum_logprob));
+    for beam in live {
+        if finished.len() >= beam_size {
+            break;
+        }
+        finished.push((beam.tokens, beam.sum_logprob, false));
+    }
+    // Whisper's ranker: summed log-probability over the length (end-of-text not counted); the
+    // first of equals wins.
+    let per_token = |(tokens, sum, _): &(Vec<u32>, f64, bool)| sum / tokens.len().max(1) as f64;
+    let mut best: Option<&(Vec<u32>, f64, bool)> = None;
+    for f in &finished {
+        if best.is_none_or(|b| per_token(f) > per_token(b)) {
+            best = Some(f);
+        }
+    }
+    let Some((tokens, sum, ended)) = best.cloned() else {
+        return Ok(out);
+    };
+    out.avg_logprob = sum / (tokens.len() + 1) as f64;
+    out.hit_limit = !ended;
+    if keep_logits {
+        out.step_logits = teacher_forced_from(model, exec, fresh, rules, &tokens, false)?;
+        if !ended {
+            out.step_logits.pop(); // as greedy keeps them: no row chose end-of-text
+        }
+    }
+    out.tokens = tokens;
+    Ok(out)
+}
+
 /// Draws an index from log-probabilities.
 fn sample(logprobs: &[f64], rng: &mut SplitMix64) -> Option<u32> {
     let u = rng.next_f64();
@@ -535,16 +679,28 @@ pub fn decode_with_fallback(
         };
         let mut best: Option<Decoded> = None;
         for _ in 0..draws {
-            let mut d = decode_once(
-                model,
-                exec,
-                audio,
-                rules,
-                limit,
-                temperature,
-                &mut rng,
-                keep_logits,
-            )?;
+            let mut d = if temperature == 0.0 && fallback.beam_size > 1 {
+                beam_search(
+                    model,
+                    exec,
+                    audio,
+                    rules,
+                    limit,
+                    fallback.beam_size,
+                    keep_logits,
+                )?
+            } else {
+                decode_once(
+                    model,
+                    exec,
+                    audio,
+                    rules,
+                    limit,
+                    temperature,
+                    &mut rng,
+                    keep_logits,
+                )?
+            };
             attempts += 1;
             d.compression_ratio = compression_ratio(&tokenizer.decode(&d.tokens)?);
             // Whisper ranks samples by their summed log-probability over their length.

@@ -7,6 +7,7 @@
 //! GEMM inputs and a verify run can substitute the quantized numerics without touching the rest.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use candle_core::{DType, Device, IndexOp, Tensor};
 
@@ -455,8 +456,9 @@ fn im2col3(x: &Tensor, stride: usize, what: &str) -> Result<Tensor> {
 pub struct DecoderState {
     /// Per layer: self-attention keys and values so far.
     self_kv: Vec<KeysValues>,
-    /// Per layer: cross-attention keys and values over the encoder output.
-    cross_kv: Vec<KeysValues>,
+    /// Per layer: cross-attention keys and values over the encoder output. Never written after
+    /// [`Whisper::start_decoder`], so the states of a beam search share them.
+    cross_kv: Arc<Vec<KeysValues>>,
     /// Tokens consumed so far.
     pub position: usize,
 }
@@ -670,7 +672,7 @@ impl Whisper {
             .collect::<Result<_>>()?;
         Ok(DecoderState {
             self_kv: vec![KeysValues::default(); self.decoder_layers.len()],
-            cross_kv,
+            cross_kv: Arc::new(cross_kv),
             position: 0,
         })
     }

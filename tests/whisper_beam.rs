@@ -1,0 +1,86 @@
+//! `--beam-size`: Whisper's beam search, checked against OpenAI Whisper's own decoder
+//! (openai-whisper's `whisper.decode`) on the same full-precision tiny.en and the same real and
+//! synthetic clips (tests/fixtures/whisper_beam/openai_whisper.json, written by
+//! tests/whisper_beam/make_fixture.py with openai-whisper 20250625 and torch on the CPU).
+//!
+//! Without fallback, greedy and beam search of 2 and 5 hypotheses must give openai-whisper's
+//! tokens. The clips were chosen where a beam of 5 decodes differently from greedy (one of them
+//! loops under greedy), so a beam search that did nothing, or ranked differently, fails here.
+
+mod common;
+
+use oasr_quantize::checkpoint::Checkpoint;
+use oasr_quantize::frontend::read_audio;
+use oasr_quantize::models::exec::FullPrecision;
+use oasr_quantize::models::{load_with, DecodeOptions};
+use serde_json::Value;
+
+#[test]
+fn beam_search_decodes_as_openai_whisper_does() {
+    let fixture: Value = serde_json::from_str(
+        &std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fixtures/whisper_beam/openai_whisper.json"
+        ))
+        .unwrap(),
+    )
+    .unwrap();
+    let clips = fixture["clips"].as_array().unwrap();
+    let ckpt = Checkpoint::open(&common::tiny_en()).unwrap();
+    let audio: Vec<Vec<f32>> = clips
+        .iter()
+        .map(|clip| {
+            let path = common::cache_dir().join(clip["path"].as_str().unwrap());
+            let samples = read_audio(&path, 16000).unwrap();
+            assert_eq!(samples.len() as u64, clip["samples"].as_u64().unwrap());
+            samples
+        })
+        .collect();
+    let mut differ_from_greedy = 0;
+    for beam in [1usize, 2, 5] {
+        let options = DecodeOptions {
+            no_fallback: true,
+            beam_size: Some(beam),
+            ..DecodeOptions::default()
+        };
+        let model = load_with(&ckpt, &options).unwrap();
+        assert_eq!(
+            model.decode_options_record().get("beam_size"),
+            (beam > 1).then(|| Value::from(beam)).as_ref()
+        );
+        for (clip, samples) in clips.iter().zip(&audio) {
+            let mut exec = FullPrecision;
+            let encoded = model.encode(&mut exec, samples).unwrap();
+            let decoded = model
+                .decode(&mut exec, &encoded, samples.len(), true)
+                .unwrap();
+            let expected: Vec<u32> = clip["tokens"][beam.to_string()]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|t| t.as_u64().unwrap() as u32)
+                .collect();
+            assert_eq!(
+                decoded.tokens, expected,
+                "{} with a beam of {beam}",
+                clip["path"]
+            );
+            // The kept rows chose the kept tokens, then end-of-text unless the limit came first.
+            assert_eq!(
+                decoded.scores.len(),
+                decoded.tokens.len() + usize::from(!decoded.hit_limit)
+            );
+            assert_eq!(
+                decoded.hit_limit,
+                decoded.tokens.len() >= clip["limit"].as_u64().unwrap() as usize
+            );
+            if beam == 5 && clip["tokens"]["5"] != clip["tokens"]["1"] {
+                differ_from_greedy += 1;
+            }
+        }
+    }
+    assert!(
+        differ_from_greedy >= 5,
+        "a beam of 5 changes only {differ_from_greedy} transcripts"
+    );
+}
