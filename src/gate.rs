@@ -671,7 +671,6 @@ fn quantizer_for(
 ) -> Result<Quantizer> {
     let mut q = Quantizer::new(model, dst)
         .recipe(&entry.recipe)
-        .decode_options(entry.decode_options())
         .quantize_kept(entry.quantize_kept)
         .overwrite(true);
     for (key, value) in &entry.options {
@@ -684,7 +683,11 @@ fn quantizer_for(
         q = q.ignore(glob);
     }
     if recipe.calibration {
-        q = q.calib_manifest(&config.calib_manifest);
+        // An entry's search steers calibration and verification; a recipe that does not
+        // calibrate takes it for verification only.
+        q = q
+            .calib_manifest(&config.calib_manifest)
+            .decode_options(entry.decode_options());
         if let Some(n) = profile.calib_utterances {
             q = q.calib_utterances(n);
         }

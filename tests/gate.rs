@@ -285,6 +285,29 @@ fn an_entry_with_its_own_model_runs_when_configured_and_is_skipped_visibly_when_
     );
 }
 
+/// An entry's search options steer verification too, so a recipe that does not calibrate takes
+/// them (they were refused as "nothing would use them" before).
+#[test]
+fn an_entry_that_does_not_calibrate_verifies_with_its_search() {
+    let tmp = tempfile::tempdir().unwrap();
+    let gate = gate_file(tmp.path(), "beam_size = 2\n");
+    let json = tmp.path().join("gate.json");
+    let (ok, out, err) = cli(&[
+        "gate",
+        gate.to_str().unwrap(),
+        "--profile",
+        "one",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    // No reference is recorded, so the gate fails, but it ran.
+    assert!(!ok && !err.contains("--beam-size"), "{out}\n{err}");
+    assert!(out.contains("no reference WER recorded"), "{out}");
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(report["results"][0]["verify"]["utterances"], 2);
+}
+
 /// The gate files the project ships parse, every entry's recipe (built-in or a file of the
 /// repository) loads with its options, and every entry of calib/gate.toml that runs without a
 /// model of its own has its ci references and floors on both sets.
@@ -297,6 +320,7 @@ fn the_shipped_gate_files_load() {
         "calib/gate.toml",
         "benches/ablation.toml",
         "benches/fp8-gpu.toml",
+        "benches/beam.toml",
     ] {
         let gate = GateConfig::load(&root.join(file)).unwrap_or_else(|e| panic!("{file}: {e}"));
         assert!(!gate.entries.is_empty(), "{file}");
