@@ -12,7 +12,7 @@ mod common;
 use oasr_quantize::checkpoint::Checkpoint;
 use oasr_quantize::frontend::read_audio;
 use oasr_quantize::models::exec::FullPrecision;
-use oasr_quantize::models::{load_with, DecodeOptions};
+use oasr_quantize::models::{load_with, DecodeOptions, SpeechModel};
 use serde_json::Value;
 
 #[test]
@@ -83,4 +83,56 @@ fn beam_search_decodes_as_openai_whisper_does() {
         differ_from_greedy >= 5,
         "a beam of 5 changes only {differ_from_greedy} transcripts"
     );
+}
+
+/// A decoding step of several hypotheses at once gives each the logits it gets decoded alone,
+/// bit for bit, and refuses hypotheses at different positions.
+#[test]
+fn a_step_of_several_hypotheses_is_each_alone() {
+    use oasr_quantize::models::whisper::{forward::logits_rows, WhisperAsr};
+    let asr = WhisperAsr::new(&Checkpoint::open(&common::tiny_en()).unwrap()).unwrap();
+    let path = common::cache_dir().join("crossdomain/wav16k/jfk-ask-not.wav");
+    let samples = read_audio(&path, 16000).unwrap();
+    let mut exec = FullPrecision;
+    let encoded = asr.encode(&mut exec, &samples).unwrap();
+    let mut state = asr.model.start_decoder(&mut exec, &encoded).unwrap();
+    asr.model
+        .decode(&mut exec, &mut state, &asr.rules.prompt)
+        .unwrap();
+    // Two steps, so that the hypotheses' own self-attention caches differ.
+    let firsts = [400u32, 1870, 843, 50];
+    let seconds = [11u32, 262, 1675, 13];
+    let mut alone = Vec::new();
+    for (a, b) in firsts.iter().zip(&seconds) {
+        let mut s = state.clone();
+        asr.model.decode(&mut exec, &mut s, &[*a]).unwrap();
+        alone.push(logits_rows(&asr.model.decode(&mut exec, &mut s, &[*b]).unwrap()).unwrap());
+    }
+    let mut states = vec![state.clone(); firsts.len()];
+    asr.model
+        .decode_step(&mut exec, &mut states, &firsts)
+        .unwrap();
+    let together = logits_rows(
+        &asr.model
+            .decode_step(&mut exec, &mut states, &seconds)
+            .unwrap(),
+    )
+    .unwrap();
+    for (i, row) in together.iter().enumerate() {
+        assert!(
+            row.iter()
+                .zip(&alone[i][0])
+                .all(|(x, y)| x.to_bits() == y.to_bits()),
+            "hypothesis {i}"
+        );
+    }
+    assert_ne!(together[0], together[1]);
+    // Hypotheses at different positions are refused.
+    let mut mixed = vec![state.clone(), states[0].clone()];
+    let e = asr
+        .model
+        .decode_step(&mut exec, &mut mixed, &[11, 11])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("different positions"), "{e}");
 }

@@ -9,6 +9,7 @@ use super::config::WhisperConfig;
 use super::forward::{argmax_allowed, logits_rows, DecoderState, Whisper};
 use crate::error::{Error, Result};
 use crate::models::exec::LinearExec;
+use crate::models::gemv::MAX_ROWS;
 use crate::models::speech::Task;
 use crate::rng::SplitMix64;
 
@@ -510,6 +511,7 @@ fn beam_search(
         let lp = log_softmax_allowed(first, |_| true, 1.0);
         out.no_speech_prob = lp.get(ns as usize).map_or(0.0, |v| v.exp());
     }
+    let (start_position, max_position) = (state.position, model.config.max_target_positions);
     let mut live = vec![Beam {
         tokens: Vec::new(),
         sum_logprob: 0.0,
@@ -525,11 +527,7 @@ fn beam_search(
         let mut candidates: Vec<(f64, usize, u32)> = Vec::new();
         for (b, beam) in live.iter().enumerate() {
             let logprobs = log_softmax_allowed(&beam.last, allowed, 1.0);
-            let mut order: Vec<usize> = (0..logprobs.len())
-                .filter(|&i| logprobs[i].is_finite())
-                .collect();
-            order.sort_by(|&x, &y| logprobs[y].total_cmp(&logprobs[x]));
-            for &t in order.iter().take(beam_size + 1) {
+            for t in most_likely(&logprobs, beam_size + 1) {
                 candidates.push((beam.sum_logprob + logprobs[t], b, t as u32));
             }
         }
@@ -557,26 +555,41 @@ fn beam_search(
             live.clear();
             break;
         }
-        let mut extended = Vec::with_capacity(next.len());
-        for (score, b, t) in next {
-            let mut state = live[b].state.clone();
-            let mut tokens = live[b].tokens.clone();
-            tokens.push(t);
-            // The last step's extensions are ranked, never extended: no logits needed.
-            let last = if step + 1 < limit && state.position < model.config.max_target_positions {
-                logits_rows(&model.decode(exec, &mut state, &[t])?)?
-                    .pop()
-                    .unwrap_or_default()
-            } else {
-                Vec::new()
-            };
-            extended.push(Beam {
-                tokens,
-                sum_logprob: score,
-                state,
-                last,
-            });
+        let tokens: Vec<u32> = next.iter().map(|&(_, _, t)| t).collect();
+        let mut states: Vec<DecoderState> = next
+            .iter()
+            .map(|&(_, b, _)| live[b].state.clone())
+            .collect();
+        let mut rows = vec![Vec::new(); next.len()];
+        // The last step's extensions are ranked, never extended: no logits needed. The others
+        // run in groups of a few rows, whose GEMMs give each row the bits it gets alone.
+        if step + 1 < limit && start_position + live[0].tokens.len() < max_position {
+            for ((states, tokens), rows) in states
+                .chunks_mut(MAX_ROWS)
+                .zip(tokens.chunks(MAX_ROWS))
+                .zip(rows.chunks_mut(MAX_ROWS))
+            {
+                let out = logits_rows(&model.decode_step(exec, states, tokens)?)?;
+                for (row, logits) in rows.iter_mut().zip(out) {
+                    *row = logits;
+                }
+            }
         }
+        let extended: Vec<Beam> = next
+            .iter()
+            .zip(states)
+            .zip(rows)
+            .map(|((&(score, b, t), state), last)| {
+                let mut tokens = live[b].tokens.clone();
+                tokens.push(t);
+                Beam {
+                    tokens,
+                    sum_logprob: score,
+                    state,
+                    last,
+                }
+            })
+            .collect();
         live = extended;
         if live.iter().any(|b| b.last.is_empty()) {
             break; // the token limit or the decoder's last position
@@ -612,6 +625,24 @@ fn beam_search(
     }
     out.tokens = tokens;
     Ok(out)
+}
+
+/// The indices of the `k` largest finite entries, largest first (the lower index first among
+/// equals).
+fn most_likely(logprobs: &[f64], k: usize) -> Vec<usize> {
+    if k == 0 {
+        return Vec::new();
+    }
+    let mut top: Vec<usize> = Vec::with_capacity(k + 1);
+    for (i, lp) in logprobs.iter().enumerate() {
+        if !lp.is_finite() || (top.len() == k && *lp <= logprobs[top[k - 1]]) {
+            continue;
+        }
+        let at = top.partition_point(|&j| logprobs[j] >= *lp);
+        top.insert(at, i);
+        top.truncate(k);
+    }
+    top
 }
 
 /// Draws an index from log-probabilities.

@@ -258,6 +258,43 @@ impl Attention {
         exec.linear(&self.out, &merged)
     }
 
+    /// [`Self::attend`] for rows of different sequences: row r attends over `kvs[r]` alone,
+    /// as the last position of its sequence (a decoding step of several hypotheses). The
+    /// projections see the rows together.
+    fn attend_each(
+        &self,
+        exec: &mut dyn LinearExec,
+        x: &Tensor,
+        kvs: &[&KeysValues],
+    ) -> Result<Tensor> {
+        let what = &self.out.name;
+        let q = to_vec(&exec.linear(&self.q, x)?, what)?;
+        let d = q.len() / kvs.len().max(1);
+        let mut merged = Vec::with_capacity(q.len());
+        for (row, kv) in q.chunks_exact(d.max(1)).zip(kvs) {
+            if self.heads == 0
+                || !d.is_multiple_of(self.heads)
+                || kv.keys.len() != kv.values.len()
+                || !kv.keys.len().is_multiple_of(d)
+            {
+                return Err(Error::Model {
+                    what: what.clone(),
+                    message: format!(
+                        "{} heads over width {d} with {} keys and {} values",
+                        self.heads,
+                        kv.keys.len(),
+                        kv.values.len()
+                    ),
+                });
+            }
+            merged.extend(attention_core(
+                row, &kv.keys, &kv.values, d, self.heads, None,
+            ));
+        }
+        let merged = Tensor::from_vec(merged, (kvs.len(), d), &Device::Cpu).map_err(ce(what))?;
+        exec.linear(&self.out, &merged)
+    }
+
     fn keys_values(&self, exec: &mut dyn LinearExec, source: &Tensor) -> Result<KeysValues> {
         Ok(KeysValues {
             keys: to_vec(&exec.linear(&self.k, source)?, &self.k.name)?,
@@ -749,6 +786,98 @@ impl Whisper {
             x = add(&x, &layer.ffn.forward(exec, &x)?, what)?;
         }
         state.position = start + n;
+        let x = self.decoder_norm.forward(&x)?;
+        matmul(&x, &self.embed_tokens.t().map_err(ce(what))?, what)
+    }
+}
+
+impl Whisper {
+    /// One decoding step of several hypotheses of one utterance: `tokens[b]` after what
+    /// `states[b]` holds, every state at the same position (as a beam search's are); returns the
+    /// logits `[hypotheses, vocab]`. The GEMMs take the hypotheses' rows together, so a weight is
+    /// read once for all of them; up to [`gemv::MAX_ROWS`] hypotheses each row gets the bits
+    /// [`Whisper::decode`] gives it alone.
+    pub fn decode_step(
+        &self,
+        exec: &mut dyn LinearExec,
+        states: &mut [DecoderState],
+        tokens: &[u32],
+    ) -> Result<Tensor> {
+        let what = "decoder";
+        let layers = self.decoder_layers.len();
+        let Some(start) = states.first().map(|s| s.position) else {
+            return Err(Error::Model {
+                what: what.into(),
+                message: "a decoding step of no hypotheses".into(),
+            });
+        };
+        let problem = if states.len() != tokens.len() {
+            Some(format!(
+                "{} tokens for {} hypotheses",
+                tokens.len(),
+                states.len()
+            ))
+        } else if states.iter().any(|s| s.position != start) {
+            Some("hypotheses at different positions".into())
+        } else if states
+            .iter()
+            .any(|s| s.self_kv.len() != layers || s.cross_kv.len() != layers)
+        {
+            Some(format!(
+                "a decoder state of another depth than {layers} layers"
+            ))
+        } else if start + 1 > self.config.max_target_positions {
+            Some(format!(
+                "{} tokens exceed the decoder's {} positions",
+                start + 1,
+                self.config.max_target_positions
+            ))
+        } else {
+            tokens
+                .iter()
+                .find(|t| **t as usize >= self.config.vocab_size)
+                .map(|bad| {
+                    format!(
+                        "token {bad} is outside the vocabulary of {}",
+                        self.config.vocab_size
+                    )
+                })
+        };
+        if let Some(message) = problem {
+            return Err(Error::Model {
+                what: what.into(),
+                message,
+            });
+        }
+        let ids = Tensor::new(tokens, &Device::Cpu).map_err(ce(what))?;
+        let embedded = self.embed_tokens.index_select(&ids, 0).map_err(ce(what))?;
+        let position = self
+            .decoder_positions
+            .i(start..start + 1)
+            .and_then(|p| p.broadcast_as(embedded.shape()))
+            .map_err(ce(what))?;
+        let mut x = add(&embedded, &position, what)?;
+        let d = self.config.d_model;
+        for (i, layer) in self.decoder_layers.iter().enumerate() {
+            let h = layer.self_norm.forward(&x)?;
+            let new = layer.self_attn.keys_values(exec, &h)?;
+            for (b, state) in states.iter_mut().enumerate() {
+                let cache = &mut state.self_kv[i];
+                cache.keys.extend_from_slice(&new.keys[b * d..(b + 1) * d]);
+                cache
+                    .values
+                    .extend_from_slice(&new.values[b * d..(b + 1) * d]);
+            }
+            let caches: Vec<&KeysValues> = states.iter().map(|s| &s.self_kv[i]).collect();
+            x = add(&x, &layer.self_attn.attend_each(exec, &h, &caches)?, what)?;
+            let h = layer.cross_norm.forward(&x)?;
+            let cross: Vec<&KeysValues> = states.iter().map(|s| &s.cross_kv[i]).collect();
+            x = add(&x, &layer.cross_attn.attend_each(exec, &h, &cross)?, what)?;
+            x = add(&x, &layer.ffn.forward(exec, &x)?, what)?;
+        }
+        for state in states.iter_mut() {
+            state.position = start + 1;
+        }
         let x = self.decoder_norm.forward(&x)?;
         matmul(&x, &self.embed_tokens.t().map_err(ce(what))?, what)
     }
