@@ -136,3 +136,41 @@ fn a_step_of_several_hypotheses_is_each_alone() {
         .to_string();
     assert!(e.contains("different positions"), "{e}");
 }
+
+/// Calibration with a beam observes the kept transcript's rows alone, as after a fallback: the
+/// hypotheses the search discarded are not the audio's transcript. (Greedy's single attempt
+/// computes exactly those rows.)
+#[test]
+fn calibration_with_a_beam_observes_the_kept_transcript() {
+    use oasr_quantize::calibration::{observe_with, AbsMaxObserver, CalibrationSet, DecoderPass};
+    use oasr_quantize::manifest::Manifest;
+    use oasr_quantize::models::whisper::WhisperAsr;
+    let (calib, _) = common::manifests();
+    let ckpt = Checkpoint::open(&common::tiny_en()).unwrap();
+    let set = CalibrationSet::select(&Manifest::read(&calib, None).unwrap(), 3, 16000).unwrap();
+    for beam in [1, 3] {
+        let options = DecodeOptions {
+            beam_size: Some(beam),
+            ..DecodeOptions::default()
+        };
+        let t = WhisperAsr::with_options(&ckpt, &options).unwrap();
+        let observed = observe_with(
+            &t,
+            &set,
+            DecoderPass::Decode,
+            || FullPrecision,
+            AbsMaxObserver::default,
+            |_, _, _| {},
+        )
+        .unwrap();
+        let rows: usize = observed
+            .tokens
+            .iter()
+            .map(|tokens| t.rules.prompt.len() + tokens.len())
+            .sum();
+        assert_eq!(
+            observed.observer.rows["decoder.layers.0.fc1"], rows,
+            "beam {beam}"
+        );
+    }
+}

@@ -236,7 +236,8 @@ where
 /// The decoder is observed while it decodes; when the safeguards retried (a decoding at a
 /// temperature above 0 was kept, or every one failed), those observations are dropped and the
 /// decoder scores the kept transcript in one teacher-forced call instead, which shows its GEMMs
-/// the same rows a decoding of it computes: the prompt, then each generated token.
+/// the same rows a decoding of it computes: the prompt, then each generated token. A search
+/// whose rows are not all the transcript's (a beam search) is always observed that way.
 fn observe_one<O: Observer, E: LinearExec>(
     t: &dyn SpeechModel,
     u: &Utterance,
@@ -262,6 +263,11 @@ fn observe_one<O: Observer, E: LinearExec>(
             let tokens = all[index].clone();
             t.score(&mut observing, &audio, &tokens)?;
             tokens
+        }
+        DecoderPass::Decode if !t.calibration_keeps_the_search_rows() => {
+            let decoded = t.decode(&mut exec(), &audio, samples.len(), false)?;
+            t.score(&mut observing, &audio, &decoded.tokens)?;
+            decoded.tokens
         }
         DecoderPass::Decode => {
             let mut steps = observer();

@@ -203,6 +203,15 @@ pub trait SpeechModel: Send + Sync {
         true
     }
 
+    /// Whether calibration keeps every row a decoding computed when its first attempt passed
+    /// (greedy: they are the transcript's rows), or observes the kept transcript scored alone
+    /// (a beam search: its discarded hypotheses are no more the audio's transcript than a
+    /// fallback's discarded attempts are). A rescoring search whose scoring does not replay its
+    /// decoders keeps them.
+    fn calibration_keeps_the_search_rows(&self) -> bool {
+        true
+    }
+
     /// Named sequence-level scores the search gives the hypothesis `tokens` (for attention
     /// rescoring: the CTC score, each decoder's and the combined one); empty when the search
     /// ranks nothing beyond its score rows. `verify` compares them between the two models.

@@ -242,6 +242,11 @@ impl SpeechModel for WhisperAsr {
         self.score_from(exec, state, tokens)
     }
 
+    /// Greedy decoding computes the transcript's rows alone; a beam search does not.
+    fn calibration_keeps_the_search_rows(&self) -> bool {
+        self.fallback.beam_size == 1
+    }
+
     fn decode_options_record(&self) -> std::collections::BTreeMap<String, serde_json::Value> {
         let mut record = std::collections::BTreeMap::new();
         if let Some(language) = self.rules.language() {
