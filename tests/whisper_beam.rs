@@ -17,25 +17,10 @@ use serde_json::Value;
 
 #[test]
 fn beam_search_decodes_as_openai_whisper_does() {
-    let fixture: Value = serde_json::from_str(
-        &std::fs::read_to_string(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/tests/fixtures/whisper_beam/openai_whisper.json"
-        ))
-        .unwrap(),
-    )
-    .unwrap();
+    let fixture = common::fixture_json("whisper_beam/openai_whisper.json");
     let clips = fixture["clips"].as_array().unwrap();
     let ckpt = Checkpoint::open(&common::tiny_en()).unwrap();
-    let audio: Vec<Vec<f32>> = clips
-        .iter()
-        .map(|clip| {
-            let path = common::cache_dir().join(clip["path"].as_str().unwrap());
-            let samples = read_audio(&path, 16000).unwrap();
-            assert_eq!(samples.len() as u64, clip["samples"].as_u64().unwrap());
-            samples
-        })
-        .collect();
+    let audio: Vec<Vec<f32>> = clips.iter().map(common::clip_samples).collect();
     let mut differ_from_greedy = 0;
     for beam in [1usize, 2, 5] {
         let options = DecodeOptions {
@@ -54,12 +39,7 @@ fn beam_search_decodes_as_openai_whisper_does() {
             let decoded = model
                 .decode(&mut exec, &encoded, samples.len(), true)
                 .unwrap();
-            let expected: Vec<u32> = clip["tokens"][beam.to_string()]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|t| t.as_u64().unwrap() as u32)
-                .collect();
+            let expected = common::token_ids(&clip["tokens"][beam.to_string()]);
             assert_eq!(
                 decoded.tokens, expected,
                 "{} with a beam of {beam}",

@@ -12,21 +12,13 @@
 mod common;
 
 use oasr_quantize::checkpoint::Checkpoint;
-use oasr_quantize::frontend::read_audio;
 use oasr_quantize::models::exec::FullPrecision;
 use oasr_quantize::models::{load_with, DecodeOptions, LogMelPadding};
 use serde_json::Value;
 
 #[test]
 fn each_padding_decodes_as_transformers_does() {
-    let fixture: Value = serde_json::from_str(
-        &std::fs::read_to_string(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/tests/fixtures/whisper_padding/transformers.json"
-        ))
-        .unwrap(),
-    )
-    .unwrap();
+    let fixture = common::fixture_json("whisper_padding/transformers.json");
     let clips = fixture["clips"].as_array().unwrap();
     let ckpt = Checkpoint::open(&common::tiny_en()).unwrap();
     let mut differ = 0;
@@ -42,25 +34,18 @@ fn each_padding_decodes_as_transformers_does() {
             Some(&Value::from(padding.name()))
         );
         for clip in clips {
-            let path = common::cache_dir().join(clip["path"].as_str().unwrap());
-            let samples = read_audio(&path, 16000).unwrap();
-            assert_eq!(samples.len() as u64, clip["samples"].as_u64().unwrap());
+            let samples = common::clip_samples(clip);
             let mut exec = FullPrecision;
             let encoded = model.encode(&mut exec, &samples).unwrap();
             let decoded = model
                 .decode(&mut exec, &encoded, samples.len(), false)
                 .unwrap();
-            let expected: Vec<u32> = clip["tokens"][padding.name()]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|t| t.as_u64().unwrap() as u32)
-                .collect();
+            let expected = common::token_ids(&clip["tokens"][padding.name()]);
             assert_eq!(
                 decoded.tokens,
                 expected,
                 "{} with padding {}",
-                path.display(),
+                clip["path"],
                 padding.name()
             );
             if padding == LogMelPadding::Transcribe

@@ -412,3 +412,30 @@ pub fn read_f32(path: &Path) -> Vec<f32> {
 pub mod family;
 pub mod links;
 pub mod wenet;
+
+/// A JSON fixture under tests/fixtures (`rel` relative to it).
+pub fn fixture_json(rel: &str) -> serde_json::Value {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(rel);
+    serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap()
+}
+
+/// A fixture clip's audio from the asset cache (`path` relative to it), checked against the
+/// fixture's sample count.
+pub fn clip_samples(clip: &serde_json::Value) -> Vec<f32> {
+    let path = cache_dir().join(clip["path"].as_str().unwrap());
+    let samples = oasr_quantize::frontend::read_audio(&path, 16000).unwrap();
+    assert_eq!(samples.len() as u64, clip["samples"].as_u64().unwrap());
+    samples
+}
+
+/// A fixture's list of token ids.
+pub fn token_ids(tokens: &serde_json::Value) -> Vec<u32> {
+    tokens
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_u64().unwrap() as u32)
+        .collect()
+}

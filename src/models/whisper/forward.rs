@@ -231,21 +231,7 @@ impl Attention {
         let what = &self.out.name;
         let q = exec.linear(&self.q, x)?;
         let (rows, d) = q.dims2().map_err(ce(what))?;
-        if self.heads == 0
-            || !d.is_multiple_of(self.heads)
-            || kv.keys.len() != kv.values.len()
-            || !kv.keys.len().is_multiple_of(d)
-        {
-            return Err(Error::Model {
-                what: what.clone(),
-                message: format!(
-                    "{} heads over width {d} with {} keys and {} values",
-                    self.heads,
-                    kv.keys.len(),
-                    kv.values.len()
-                ),
-            });
-        }
+        self.check(d, kv)?;
         let merged = attention_core(
             &to_vec(&q, what)?,
             &kv.keys,
@@ -272,27 +258,33 @@ impl Attention {
         let d = q.len() / kvs.len().max(1);
         let mut merged = Vec::with_capacity(q.len());
         for (row, kv) in q.chunks_exact(d.max(1)).zip(kvs) {
-            if self.heads == 0
-                || !d.is_multiple_of(self.heads)
-                || kv.keys.len() != kv.values.len()
-                || !kv.keys.len().is_multiple_of(d)
-            {
-                return Err(Error::Model {
-                    what: what.clone(),
-                    message: format!(
-                        "{} heads over width {d} with {} keys and {} values",
-                        self.heads,
-                        kv.keys.len(),
-                        kv.values.len()
-                    ),
-                });
-            }
+            self.check(d, kv)?;
             merged.extend(attention_core(
                 row, &kv.keys, &kv.values, d, self.heads, None,
             ));
         }
         let merged = Tensor::from_vec(merged, (kvs.len(), d), &Device::Cpu).map_err(ce(what))?;
         exec.linear(&self.out, &merged)
+    }
+
+    /// Refuses heads that do not divide the width `d`, or keys and values that are not rows of it.
+    fn check(&self, d: usize, kv: &KeysValues) -> Result<()> {
+        if self.heads == 0
+            || !d.is_multiple_of(self.heads)
+            || kv.keys.len() != kv.values.len()
+            || !kv.keys.len().is_multiple_of(d)
+        {
+            return Err(Error::Model {
+                what: self.out.name.clone(),
+                message: format!(
+                    "{} heads over width {d} with {} keys and {} values",
+                    self.heads,
+                    kv.keys.len(),
+                    kv.values.len()
+                ),
+            });
+        }
+        Ok(())
     }
 
     fn keys_values(&self, exec: &mut dyn LinearExec, source: &Tensor) -> Result<KeysValues> {
