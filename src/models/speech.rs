@@ -94,7 +94,7 @@ impl std::str::FromStr for LogMelPadding {
 
 /// Options of a model's search, as given on the command line or in a gate entry; `None` leaves
 /// the architecture's default. An architecture refuses by name an option its search does not
-/// have (Whisper decodes greedily and has no CTC weight), so a setting is never ignored.
+/// have (Whisper has no CTC weight), so a setting is never ignored.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct DecodeOptions {
     /// Attention rescoring: the weight of a candidate's CTC score (`--ctc-weight`).
@@ -102,7 +102,8 @@ pub struct DecodeOptions {
     /// Attention rescoring: the right-to-left decoder's weight against the left-to-right one's
     /// (`--reverse-weight`).
     pub reverse_weight: Option<f64>,
-    /// CTC prefix beam search: the candidates kept (`--beam-size`).
+    /// CTC prefix beam search: the candidates kept; Whisper: the beam search's hypotheses at
+    /// temperature 0 (`--beam-size`; 1 is greedy).
     pub beam_size: Option<usize>,
     /// The spoken language, as its code (`--language`; Whisper: detected when not given).
     pub language: Option<String>,

@@ -809,8 +809,8 @@ fn reference_run(r: &dyn SpeechModel, u: &Utterance) -> Result<ReferenceRun> {
     })
 }
 
-/// One quantized checkpoint on an utterance the reference ran: it decodes greedily, then scores
-/// the full-precision tokens.
+/// One quantized checkpoint on an utterance the reference ran: it decodes as the reference
+/// does, then scores the full-precision tokens.
 fn quantized_run(
     q: &QuantizedModel,
     r: &dyn SpeechModel,

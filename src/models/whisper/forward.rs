@@ -849,16 +849,19 @@ impl Whisper {
             .and_then(|p| p.broadcast_as(embedded.shape()))
             .map_err(ce(what))?;
         let mut x = add(&embedded, &position, what)?;
-        let d = self.config.d_model;
         for (i, layer) in self.decoder_layers.iter().enumerate() {
             let h = layer.self_norm.forward(&x)?;
             let new = layer.self_attn.keys_values(exec, &h)?;
-            for (b, state) in states.iter_mut().enumerate() {
+            // One row of keys and one of values per hypothesis.
+            let width = (new.keys.len() / states.len()).max(1);
+            let rows = new
+                .keys
+                .chunks_exact(width)
+                .zip(new.values.chunks_exact(width));
+            for (state, (keys, values)) in states.iter_mut().zip(rows) {
                 let cache = &mut state.self_kv[i];
-                cache.keys.extend_from_slice(&new.keys[b * d..(b + 1) * d]);
-                cache
-                    .values
-                    .extend_from_slice(&new.values[b * d..(b + 1) * d]);
+                cache.keys.extend_from_slice(keys);
+                cache.values.extend_from_slice(values);
             }
             let caches: Vec<&KeysValues> = states.iter().map(|s| &s.self_kv[i]).collect();
             x = add(&x, &layer.self_attn.attend_each(exec, &h, &caches)?, what)?;
