@@ -293,22 +293,27 @@ impl Case {
     /// This fp8 case summed by the CPU's model of the tensor cores
     /// (`Fp8Accumulation::TensorCore`), with the reference's epilogue.
     fn tensor_core_model(&self, per_row: bool, epi: &GemmEpilogue) -> Vec<u16> {
-        numerics::scaled_mm_accumulating(
+        self.cpu_summed(
             QuantDtype::Float8E4m3fn,
-            &self.a,
-            self.ascale(per_row),
-            &self.w,
-            &self.weight_scale,
-            self.m,
-            self.n,
-            self.k,
+            per_row,
             epi,
             numerics::Fp8Accumulation::TensorCore,
         )
     }
 
     fn cpu(&self, dtype: QuantDtype, per_row: bool, epi: &GemmEpilogue) -> Vec<u16> {
-        numerics::scaled_mm(
+        self.cpu_summed(dtype, per_row, epi, numerics::Fp8Accumulation::Sequential)
+    }
+
+    /// The CPU reference's `scaled_mm` of this case, fp8 summed as `accumulation` says.
+    fn cpu_summed(
+        &self,
+        dtype: QuantDtype,
+        per_row: bool,
+        epi: &GemmEpilogue,
+        accumulation: numerics::Fp8Accumulation,
+    ) -> Vec<u16> {
+        numerics::scaled_mm_accumulating(
             dtype,
             &self.a,
             self.ascale(per_row),
@@ -318,6 +323,7 @@ impl Case {
             self.n,
             self.k,
             epi,
+            accumulation,
         )
     }
 }
