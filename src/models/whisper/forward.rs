@@ -706,6 +706,39 @@ impl Whisper {
         })
     }
 
+    /// Refuses a decoder state of another depth, `n` more positions than the decoder has after
+    /// `state`'s, and tokens outside the vocabulary.
+    fn check_input(&self, state: &DecoderState, n: usize, tokens: &[u32]) -> Result<()> {
+        let layers = self.decoder_layers.len();
+        let start = state.position;
+        let message = if state.self_kv.len() != layers || state.cross_kv.len() != layers {
+            format!(
+                "a decoder state of {} layers for a decoder of {layers}",
+                state.self_kv.len()
+            )
+        } else if start + n > self.config.max_target_positions {
+            format!(
+                "{} tokens exceed the decoder's {} positions",
+                start + n,
+                self.config.max_target_positions
+            )
+        } else if let Some(bad) = tokens
+            .iter()
+            .find(|t| **t as usize >= self.config.vocab_size)
+        {
+            format!(
+                "token {bad} is outside the vocabulary of {}",
+                self.config.vocab_size
+            )
+        } else {
+            return Ok(());
+        };
+        Err(Error::Model {
+            what: "decoder".into(),
+            message,
+        })
+    }
+
     /// Runs `tokens` through the decoder after what `state` holds; returns the logits of every
     /// new position, `[tokens, vocab]`.
     pub fn decode(
@@ -715,40 +748,9 @@ impl Whisper {
         tokens: &[u32],
     ) -> Result<Tensor> {
         let what = "decoder";
-        let layers = self.decoder_layers.len();
-        if state.self_kv.len() != layers || state.cross_kv.len() != layers {
-            return Err(Error::Model {
-                what: what.into(),
-                message: format!(
-                    "a decoder state of {} layers for a decoder of {layers}",
-                    state.self_kv.len()
-                ),
-            });
-        }
+        self.check_input(state, tokens.len(), tokens)?;
         let n = tokens.len();
         let start = state.position;
-        if start + n > self.config.max_target_positions {
-            return Err(Error::Model {
-                what: what.into(),
-                message: format!(
-                    "{} tokens exceed the decoder's {} positions",
-                    start + n,
-                    self.config.max_target_positions
-                ),
-            });
-        }
-        if let Some(bad) = tokens
-            .iter()
-            .find(|t| **t as usize >= self.config.vocab_size)
-        {
-            return Err(Error::Model {
-                what: what.into(),
-                message: format!(
-                    "token {bad} is outside the vocabulary of {}",
-                    self.config.vocab_size
-                ),
-            });
-        }
         let ids = Tensor::new(tokens, &Device::Cpu).map_err(ce(what))?;
         let embedded = self.embed_tokens.index_select(&ids, 0).map_err(ce(what))?;
         let positions = self
@@ -796,50 +798,31 @@ impl Whisper {
         tokens: &[u32],
     ) -> Result<Tensor> {
         let what = "decoder";
-        let layers = self.decoder_layers.len();
         let Some(start) = states.first().map(|s| s.position) else {
             return Err(Error::Model {
                 what: what.into(),
                 message: "a decoding step of no hypotheses".into(),
             });
         };
-        let problem = if states.len() != tokens.len() {
+        let mismatch = if states.len() != tokens.len() {
             Some(format!(
                 "{} tokens for {} hypotheses",
                 tokens.len(),
                 states.len()
             ))
         } else if states.iter().any(|s| s.position != start) {
-            Some("hypotheses at different positions".into())
-        } else if states
-            .iter()
-            .any(|s| s.self_kv.len() != layers || s.cross_kv.len() != layers)
-        {
-            Some(format!(
-                "a decoder state of another depth than {layers} layers"
-            ))
-        } else if start + 1 > self.config.max_target_positions {
-            Some(format!(
-                "{} tokens exceed the decoder's {} positions",
-                start + 1,
-                self.config.max_target_positions
-            ))
+            Some("hypotheses at different positions".to_string())
         } else {
-            tokens
-                .iter()
-                .find(|t| **t as usize >= self.config.vocab_size)
-                .map(|bad| {
-                    format!(
-                        "token {bad} is outside the vocabulary of {}",
-                        self.config.vocab_size
-                    )
-                })
+            None
         };
-        if let Some(message) = problem {
+        if let Some(message) = mismatch {
             return Err(Error::Model {
                 what: what.into(),
                 message,
             });
+        }
+        for state in states.iter() {
+            self.check_input(state, 1, tokens)?;
         }
         let ids = Tensor::new(tokens, &Device::Cpu).map_err(ce(what))?;
         let embedded = self.embed_tokens.index_select(&ids, 0).map_err(ce(what))?;
