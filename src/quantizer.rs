@@ -12,7 +12,7 @@ use crate::algorithms::static_inputs::{self, StaticInput, StaticInputOptions};
 use crate::algorithms::{self, rtn, smoothquant, WorkingTensors};
 use crate::calibration::{
     self, AbsHistogram, AbsMaxObserver, BothObservers, CalibrationSet, DecoderPass, GramObserver,
-    HistogramObserver, HistogramTarget, Observed, SharedObservations,
+    HistogramObserver, HistogramTarget, Observed, RowSampleObserver, SharedObservations,
 };
 use crate::checkpoint::{
     self, Checkpoint, DType, NativeConfig, StagedDir, Tensor, TensorPlan, CONFIG_FILE, REPORT_FILE,
@@ -545,6 +545,8 @@ impl Quantizer {
             // Pass 1 (its transcripts, so pass 2 scores them instead of decoding again).
             let mut first_pass: Option<Arc<Observed<AbsMaxObserver>>> = None;
             let mut groups = Vec::new();
+            let mut samples: Option<RowSampleObserver> = None;
+            let mut searched = Vec::new();
             if let Some(alpha) = run_plan.alpha {
                 let pass_1 = |progress: &mut Option<ProgressFn>| {
                     calibration_pass(
@@ -558,7 +560,36 @@ impl Quantizer {
                         usize::MAX,
                     )
                 };
-                let pass = if !early_targets.is_empty() {
+                let search_layers: Vec<String> = match run_plan.smoothing.search {
+                    smoothquant::AlphaSearch::Off => Vec::new(),
+                    _ => smoothquant::searched_inputs(layout, quantized, run_plan.smoothing),
+                };
+                let pass = if !search_layers.is_empty() {
+                    // The search measures each group on sampled input rows, so pass 1 keeps
+                    // some (it is then this run's own, not shared with other gate entries).
+                    let both: Observed<BothObservers<AbsMaxObserver, RowSampleObserver>> =
+                        calibration_pass(
+                            &mut self.progress,
+                            Stage::Calibrating,
+                            t.as_ref(),
+                            &set,
+                            DecoderPass::Decode,
+                            || FullPrecision,
+                            || BothObservers {
+                                first: AbsMaxObserver::default(),
+                                second: RowSampleObserver::new(
+                                    search_layers.iter().cloned(),
+                                    run_plan.smoothing.search_rows,
+                                ),
+                            },
+                            usize::MAX,
+                        )?;
+                    samples = Some(both.observer.second);
+                    Arc::new(Observed {
+                        observer: both.observer.first,
+                        tokens: both.tokens,
+                    })
+                } else if !early_targets.is_empty() {
                     let both: Observed<BothObservers<AbsMaxObserver, HistogramObserver>> =
                         calibration_pass(
                             &mut self.progress,
@@ -601,14 +632,22 @@ impl Quantizer {
                         alpha
                     }
                 };
-                groups = smoothquant::plan_with(
+                let search = samples.as_ref().map(|rows| smoothquant::SearchInput {
+                    rows,
+                    dtype,
+                    static_consumers: static_layers.keys().cloned().collect(),
+                });
+                let planned = smoothquant::plan_with(
                     layout,
                     quantized,
                     observed,
                     &working,
                     alpha_of,
                     run_plan.smoothing,
+                    search.as_ref(),
                 )?;
+                groups = planned.groups;
+                searched = planned.searched;
             }
             // Once smoothing folds, nothing runs the full-precision forward again (pass 2 runs
             // the smoothed model), so its f32 weights go before the working copy grows.
@@ -617,9 +656,14 @@ impl Quantizer {
             } else {
                 drop(t);
                 let smooth_inv = smoothquant::apply(&groups, &mut working)?;
-                smoothing = Smoothing { groups, smooth_inv };
+                smoothing = Smoothing {
+                    groups,
+                    smooth_inv,
+                    searched: Vec::new(),
+                };
                 None
             };
+            smoothing.searched = searched;
             let late_targets = if histograms.is_none() {
                 targets_of(&working, &smoothing.smooth_inv)?
             } else {
@@ -944,6 +988,7 @@ impl Quantizer {
             layers: reports,
             skipped: selection.skipped.clone(),
             kept_full_precision: layout.kept_full_precision.iter().cloned().collect(),
+            smoothing_search: smoothing.searched.clone(),
         };
         checkpoint::write_json(&dir.join(REPORT_FILE), &report)?;
         Ok(Outcome {
@@ -1102,6 +1147,34 @@ fn smoothing_rules(step: &AlgorithmStep) -> Result<smoothquant::SmoothingRules> 
             )
         })?;
     }
+    if let Some(v) = step.options.get("search") {
+        rules.search = v
+            .as_str()
+            .and_then(smoothquant::AlphaSearch::from_name)
+            .ok_or_else(|| {
+                Error::option(
+                    "smoothquant.search",
+                    format!("{v} is not one of \"off\", \"decline\", \"grid\""),
+                )
+            })?;
+    }
+    if let Some(v) = step.options.get("search_rows") {
+        match v.as_u64() {
+            Some(n) if n >= 1 => rules.search_rows = n as usize,
+            _ => {
+                return Err(Error::option(
+                    "smoothquant.search_rows",
+                    format!("{v} is not a whole number >= 1"),
+                ))
+            }
+        }
+    }
+    if rules.search == smoothquant::AlphaSearch::Off && step.options.contains_key("search_rows") {
+        return Err(Error::option(
+            "smoothquant.search_rows",
+            "applies only with smoothquant.search = \"decline\" or \"grid\"",
+        ));
+    }
     if let Some(v) = step.options.get("floor") {
         match v.as_f64() {
             Some(f) if (0.0..1.0).contains(&f) => rules.floor = f as f32,
@@ -1182,6 +1255,8 @@ fn code_dtype(dtype: QuantDtype) -> DType {
 struct Smoothing {
     groups: Vec<smoothquant::SmoothedGroup>,
     smooth_inv: BTreeMap<String, Vec<f32>>,
+    /// What `smoothquant.search` measured per group.
+    searched: Vec<smoothquant::GroupSearch>,
 }
 
 impl Smoothing {

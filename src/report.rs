@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::algorithms::smoothquant::GroupSearch as SmoothingSearch;
 use crate::algorithms::static_inputs::StaticInput;
 use crate::format::{ModuleKind, Scheme, SmoothFold};
 
@@ -59,6 +60,10 @@ pub struct QuantizationReport {
     pub skipped: BTreeMap<String, String>,
     /// Tensors that the architecture always keeps full precision, with the reason.
     pub kept_full_precision: BTreeMap<String, String>,
+    /// `smoothquant.search`: each searched group's candidates, their measured output errors on
+    /// sampled calibration rows, and the one kept.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub smoothing_search: Vec<SmoothingSearch>,
 }
 
 impl QuantizationReport {

@@ -1,6 +1,7 @@
 //! SplitMix64: a tiny, fixed pseudo-random generator, so seeded results (sampled decodings, the
 //! bootstrap of a WER interval) do not depend on a crate's generator or its version.
 
+#[derive(Clone, Debug)]
 pub(crate) struct SplitMix64(pub(crate) u64);
 
 impl SplitMix64 {

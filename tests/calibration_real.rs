@@ -438,6 +438,66 @@ fn smoothquant_recipe_smooths_through_folds_only() {
         .all(|l| l.smoothing_factor_min.unwrap() > 0.0));
 }
 
+/// `smoothquant.search = "grid"`: every smoothed group's α (or no smoothing) is the candidate
+/// it measured lowest, and the layers say so; in int8 the search moves groups off the recipe's
+/// α. The options are checked by name.
+#[test]
+fn the_alpha_search_keeps_what_it_measured_lowest() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (calib, _) = common::manifests();
+    let run = |option: &str, dst: &str| {
+        Quantizer::new(common::tiny_en(), tmp.path().join(dst))
+            .recipe("smoothquant_w8a8")
+            .option(option)
+            .calib_manifest(&calib)
+            .calib_utterances(4)
+            .run()
+    };
+    let report = run("smoothquant.search=grid", "grid")
+        .unwrap()
+        .report
+        .unwrap();
+    let searched = &report.smoothing_search;
+    assert!(searched.len() >= 20, "{}", searched.len());
+    let mut moved = 0;
+    for g in searched {
+        assert_eq!(g.candidates.len(), 7, "{g:?}");
+        assert_eq!(g.candidates[0].0, None, "{g:?}");
+        assert!(g.rows > 0 && g.rows <= 4 * 8, "{g:?}");
+        let lowest = g
+            .candidates
+            .iter()
+            .min_by(|a, b| a.1.total_cmp(&b.1))
+            .unwrap();
+        assert_eq!(g.chosen, lowest.0, "{g:?}");
+        moved += usize::from(g.chosen != Some(0.6));
+        for consumer in &g.consumers {
+            let layer = report.layers.iter().find(|l| &l.name == consumer).unwrap();
+            assert_eq!(layer.smoothing_alpha, g.chosen, "{consumer}");
+            assert_eq!(
+                layer.smooth == SmoothFold::None,
+                g.chosen.is_none(),
+                "{consumer}"
+            );
+        }
+    }
+    assert!(moved > 0);
+    let off = run("smoothquant.search=off", "off")
+        .unwrap()
+        .report
+        .unwrap();
+    assert!(off.smoothing_search.is_empty());
+    let err = run("smoothquant.search=best", "bad")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("smoothquant.search"), "{err}");
+    let err = run("smoothquant.search_rows=4", "bad")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("smoothquant.search_rows"), "{err}");
+    assert!(!tmp.path().join("bad").exists());
+}
+
 /// Audio longer than Whisper's 30 s window is refused by name in transcription and calibration,
 /// never truncated (35 s of silence then a word used to transcribe as "you").
 #[test]

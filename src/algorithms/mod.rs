@@ -35,7 +35,15 @@ const REGISTRY: &[Registered] = &[
     },
     Registered {
         name: "smoothquant",
-        options: &["alpha", "static_alpha", "runtime", "floor", "shared_folds"],
+        options: &[
+            "alpha",
+            "static_alpha",
+            "runtime",
+            "floor",
+            "shared_folds",
+            "search",
+            "search_rows",
+        ],
         missing: None,
         what: "SmoothQuant activation smoothing from calibration",
     },

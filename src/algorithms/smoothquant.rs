@@ -4,12 +4,15 @@
 
 use std::collections::{BTreeMap, HashSet};
 
+use serde::{Deserialize, Serialize};
+
 use super::WorkingTensors;
-use crate::calibration::AbsMaxObserver;
+use crate::calibration::{AbsMaxObserver, RowSampleObserver};
 use crate::error::{Error, Result};
 use crate::format::SmoothFold;
-use crate::models::exec::{scale_columns, Linear, LinearExec};
+use crate::models::exec::{ce, scale_columns, Linear, LinearExec};
 use crate::models::{QuantizationLayout, SmoothGroup};
+use crate::numerics::{self, QuantDtype};
 
 /// The largest finite f16.
 const F16_MAX: f32 = 65504.0;
@@ -74,6 +77,35 @@ pub fn factors(x_max: &[f32], w_max: &[f32], alpha: f32, lower: &[f32], floor: f
         .collect()
 }
 
+/// How each group's α is chosen (`smoothquant.search`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum AlphaSearch {
+    /// The recipe's α for every group.
+    #[default]
+    Off,
+    /// The recipe's α, or no smoothing where that measures the lower output error.
+    Decline,
+    /// No smoothing or an α of [`SEARCH_ALPHAS`], whichever measures the lowest output error.
+    Grid,
+}
+
+impl AlphaSearch {
+    pub fn from_name(name: &str) -> Option<Self> {
+        match name {
+            "off" => Some(AlphaSearch::Off),
+            "decline" => Some(AlphaSearch::Decline),
+            "grid" => Some(AlphaSearch::Grid),
+            _ => None,
+        }
+    }
+}
+
+/// The α values `search = "grid"` measures (besides no smoothing).
+pub const SEARCH_ALPHAS: [f32; 6] = [0.3, 0.4, 0.5, 0.6, 0.7, 0.8];
+
+/// Input rows per calibration utterance the search measures on, by default.
+pub const DEFAULT_SEARCH_ROWS: usize = 8;
+
 /// Which groups are smoothed, and how far a factor may go.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct SmoothingRules {
@@ -85,6 +117,10 @@ pub struct SmoothingRules {
     /// Whether the layout's shared folds replace the runtime groups of their consumers
     /// ([`QuantizationLayout::shared_folds`]).
     pub shared_folds: bool,
+    /// How each group's α is chosen.
+    pub search: AlphaSearch,
+    /// Input rows per calibration utterance kept for the search.
+    pub search_rows: usize,
 }
 
 impl Default for SmoothingRules {
@@ -93,8 +129,40 @@ impl Default for SmoothingRules {
             runtime: true,
             floor: 0.0,
             shared_folds: false,
+            search: AlphaSearch::Off,
+            search_rows: DEFAULT_SEARCH_ROWS,
         }
     }
+}
+
+/// What the per-group search measures on.
+pub struct SearchInput<'a> {
+    /// Sampled calibration input rows of every group's first consumer.
+    pub rows: &'a RowSampleObserver,
+    /// The format both operands are quantized to (per-token inputs, per-channel weights).
+    pub dtype: QuantDtype,
+    /// Consumers whose input takes a static scale: their groups keep the α they are given (the
+    /// search models per-token inputs).
+    pub static_consumers: HashSet<String>,
+}
+
+/// One group's search: each candidate's relative output error on the sampled rows.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct GroupSearch {
+    pub consumers: Vec<String>,
+    /// Sampled input rows measured on.
+    pub rows: usize,
+    /// (α, or null for no smoothing; Σ over the consumers of ||Ŷ − Y||² / ||Y||²).
+    pub candidates: Vec<(Option<f32>, f64)>,
+    /// The candidate kept: the lowest error (no smoothing on a tie).
+    pub chosen: Option<f32>,
+}
+
+/// The groups to smooth, and what the search measured for each group it ran on.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SmoothingPlan {
+    pub groups: Vec<SmoothedGroup>,
+    pub searched: Vec<GroupSearch>,
 }
 
 /// The groups `rules` smooth: the layout's, with the shared folds in place of the runtime groups
@@ -141,6 +209,19 @@ pub fn smoothed_consumers(
         .collect()
 }
 
+/// The first consumer of every group [`plan_with`] would smooth under `rules`: the layers whose
+/// input rows the per-group search measures on.
+pub fn searched_inputs(
+    layout: &QuantizationLayout,
+    quantized: &HashSet<String>,
+    rules: SmoothingRules,
+) -> Vec<String> {
+    active_groups(layout, rules)
+        .filter(|g| g.consumers.iter().all(|c| quantized.contains(c)))
+        .map(|g| g.consumers[0].clone())
+        .collect()
+}
+
 /// Computes the factors of every group whose consumers are all quantized, with one α.
 pub fn plan(
     layout: &QuantizationLayout,
@@ -156,10 +237,13 @@ pub fn plan(
         tensors,
         |_| alpha,
         SmoothingRules::default(),
+        None,
     )
+    .map(|p| p.groups)
 }
 
-/// [`plan`] with α chosen per group from its consumers.
+/// [`plan`] with α given per group from its consumers, or, where `rules.search` asks and
+/// `search` has the group's rows, chosen per group by the measured output error.
 pub fn plan_with(
     layout: &QuantizationLayout,
     quantized: &HashSet<String>,
@@ -167,8 +251,9 @@ pub fn plan_with(
     tensors: &WorkingTensors,
     alpha_of: impl Fn(&[String]) -> f32,
     rules: SmoothingRules,
-) -> Result<Vec<SmoothedGroup>> {
-    let mut groups = Vec::new();
+    search: Option<&SearchInput>,
+) -> Result<SmoothingPlan> {
+    let mut plan = SmoothingPlan::default();
     for group in active_groups(layout, rules) {
         // The same rule as `smoothed_consumers`.
         if !group.consumers.iter().all(|c| quantized.contains(c)) {
@@ -232,17 +317,144 @@ pub fn plan_with(
                 return Err(Error::LayerRefused { layer: first.clone(), reason: format!("the layout's fold {fold:?} with producer {producer:?} is not supported by smoothquant") });
             }
         }
-        groups.push(SmoothedGroup {
+        let factors_at = |alpha: f32| factors(x_max, &w_max, alpha, &lower, rules.floor);
+        let searched = match search {
+            Some(input)
+                if rules.search != AlphaSearch::Off
+                    && !group
+                        .consumers
+                        .iter()
+                        .any(|c| input.static_consumers.contains(c)) =>
+            {
+                let candidates = match rules.search {
+                    AlphaSearch::Grid => SEARCH_ALPHAS.to_vec(),
+                    _ => vec![alpha],
+                };
+                search_group(&group.consumers, tensors, input, &candidates, factors_at)?
+            }
+            _ => None,
+        };
+        let alpha = match &searched {
+            Some(s) => s.chosen,
+            None => Some(alpha),
+        };
+        plan.searched.extend(searched);
+        let Some(alpha) = alpha else { continue };
+        plan.groups.push(SmoothedGroup {
             fold: group.fold,
             smoothed_into: group.producer.clone(),
             consumers: group.consumers.clone(),
             producer_rows_from: group.producer_rows_from,
-            factors: factors(x_max, &w_max, alpha, &lower, rules.floor),
+            factors: factors_at(alpha),
             input_absmax: x_max.clone(),
             alpha,
         });
     }
-    Ok(groups)
+    Ok(plan)
+}
+
+/// Measures no smoothing and each candidate α on the group's sampled input rows; `None` when
+/// calibration kept no rows of its input.
+fn search_group(
+    consumers: &[String],
+    tensors: &WorkingTensors,
+    input: &SearchInput,
+    candidates: &[f32],
+    factors_at: impl Fn(f32) -> Vec<f32>,
+) -> Result<Option<GroupSearch>> {
+    let Some((x, k)) = input.rows.rows(&consumers[0]) else {
+        return Ok(None);
+    };
+    let rows = x.len() / k;
+    if rows == 0 {
+        return Ok(None);
+    }
+    let mut weights = Vec::new();
+    for c in consumers {
+        let w = tensors.get(&format!("{c}.weight"))?.into_owned();
+        let reference = matmul_t(x, rows, k, &w, c)?;
+        weights.push(Consumer {
+            name: c,
+            weight: w,
+            reference,
+        });
+    }
+    let error = |s: Option<&[f32]>| output_error(x, k, &weights, s, input.dtype);
+    let mut measured = vec![(None, error(None)?)];
+    for &alpha in candidates {
+        measured.push((Some(alpha), error(Some(&factors_at(alpha)))?));
+    }
+    // The first lowest: no smoothing on a tie.
+    let chosen = measured
+        .iter()
+        .fold(None::<&(Option<f32>, f64)>, |best, m| match best {
+            Some(b) if b.1 <= m.1 => Some(b),
+            _ => Some(m),
+        })
+        .and_then(|m| m.0);
+    Ok(Some(GroupSearch {
+        consumers: consumers.to_vec(),
+        rows,
+        candidates: measured,
+        chosen,
+    }))
+}
+
+/// A consumer of a searched group: its f32 weight `[n, k]` and its f32 output on the rows.
+struct Consumer<'a> {
+    name: &'a str,
+    weight: Vec<f32>,
+    reference: Vec<f32>,
+}
+
+/// Σ over the consumers of ||Ŷ − Y||² / ||Y||² on rows x `[rows, k]`: Ŷ the output served with
+/// factors s (None: unsmoothed), x/s quantized per token and W·s per output channel in `dtype`;
+/// Y the f32 output.
+fn output_error(
+    x: &[f32],
+    k: usize,
+    consumers: &[Consumer],
+    s: Option<&[f32]>,
+    dtype: QuantDtype,
+) -> Result<f64> {
+    let rows = x.len() / k;
+    let scaled = |m: &[f32], by: &dyn Fn(f32, f32) -> f32| -> Vec<f32> {
+        match s {
+            None => m.to_vec(),
+            Some(s) => m
+                .chunks_exact(k)
+                .flat_map(|r| r.iter().zip(s).map(|(&v, &f)| by(v, f)))
+                .collect(),
+        }
+    };
+    let xs = scaled(x, &|v, f| v / f);
+    let xq = numerics::dequantize_rows(&numerics::quantize_per_token(&xs, rows, k, None, dtype));
+    let mut total = 0.0;
+    for c in consumers {
+        let ws = scaled(&c.weight, &|v, f| v * f);
+        let n = ws.len() / k;
+        let wq =
+            numerics::dequantize_rows(&numerics::quantize_weight_per_channel(&ws, n, k, dtype));
+        let served = matmul_t(&xq, rows, k, &wq, c.name)?;
+        let (mut diff, mut energy) = (0f64, 0f64);
+        for (a, b) in served.iter().zip(&c.reference) {
+            diff += f64::from(a - b).powi(2);
+            energy += f64::from(*b).powi(2);
+        }
+        total += diff / energy.max(f64::MIN_POSITIVE);
+    }
+    Ok(total)
+}
+
+/// x `[rows, k]` times wᵀ (w `[n, k]`), in f32.
+fn matmul_t(x: &[f32], rows: usize, k: usize, w: &[f32], layer: &str) -> Result<Vec<f32>> {
+    let dev = candle_core::Device::Cpu;
+    let x = candle_core::Tensor::from_slice(x, (rows, k), &dev).map_err(ce(layer))?;
+    let w = candle_core::Tensor::from_slice(w, (w.len() / k, k), &dev).map_err(ce(layer))?;
+    x.matmul(&w.t().map_err(ce(layer))?)
+        .and_then(|y| y.flatten_all())
+        .and_then(|y| y.to_vec1())
+        .map_err(ce(layer))
 }
 
 /// Folds the factors into the tensors: consumers' columns times s; 1/s into the norm, the V rows,
@@ -348,6 +560,88 @@ mod tests {
         assert_eq!(factors(&[1e12], &[1.0], 0.5, &[0.0], 0.0)[0], F16_MAX);
         // The folded parameter stays inside f16: s >= |γ| / 65504.
         assert_eq!(factors(&[1e-6], &[1.0], 0.5, &[0.5], 0.0)[0], 0.5);
+    }
+
+    /// One input channel 50 times the others: int8's per-token grid loses the quiet channels,
+    /// and smoothing (α 0.5) measures a far lower error; in fp8, whose rounding is relative, the
+    /// same factors buy much less. The measured error is what a direct computation gives.
+    #[test]
+    fn the_output_error_sees_what_smoothing_buys_in_each_format() {
+        let (rows, k) = (16, 8);
+        let x: Vec<f32> = (0..rows * k)
+            .map(|i| {
+                let v = (i as f32 * 0.7548).sin();
+                if i % k == 0 {
+                    50.0 * v
+                } else {
+                    v
+                }
+            })
+            .collect();
+        let w: Vec<f32> = (0..3 * k).map(|i| (i as f32 * 1.3137).cos()).collect();
+        let c = [Consumer {
+            name: "c",
+            reference: matmul_t(&x, rows, k, &w, "c").unwrap(),
+            weight: w.clone(),
+        }];
+        let x_max: Vec<f32> = (0..k)
+            .map(|j| {
+                x.iter()
+                    .skip(j)
+                    .step_by(k)
+                    .fold(0f32, |m, v| m.max(v.abs()))
+            })
+            .collect();
+        let w_max: Vec<f32> = (0..k)
+            .map(|j| {
+                w.iter()
+                    .skip(j)
+                    .step_by(k)
+                    .fold(0f32, |m, v| m.max(v.abs()))
+            })
+            .collect();
+        let s = factors(&x_max, &w_max, 0.5, &[0.0; 8], 0.0);
+        let int8 = |s| output_error(&x, k, &c, s, QuantDtype::Int8).unwrap();
+        let fp8 = |s| output_error(&x, k, &c, s, QuantDtype::Float8E4m3fn).unwrap();
+        let int8_gain = int8(Some(&s)) / int8(None);
+        let fp8_gain = fp8(Some(&s)) / fp8(None);
+        assert!(int8_gain < 0.1, "{int8_gain}");
+        assert!(fp8_gain > 5.0 * int8_gain, "{fp8_gain} {int8_gain}");
+        // Unsmoothed int8, computed directly.
+        let xq = numerics::dequantize_rows(&numerics::quantize_per_token(
+            &x,
+            rows,
+            k,
+            None,
+            QuantDtype::Int8,
+        ));
+        let wq = numerics::dequantize_rows(&numerics::quantize_weight_per_channel(
+            &w,
+            3,
+            k,
+            QuantDtype::Int8,
+        ));
+        let (mut diff, mut energy) = (0f64, 0f64);
+        for r in 0..rows {
+            for n in 0..3 {
+                let dot = |a: &[f32], b: &[f32]| -> f64 {
+                    a.iter()
+                        .zip(b)
+                        .map(|(p, q)| f64::from(*p) * f64::from(*q))
+                        .sum()
+                };
+                let y = dot(&x[r * k..(r + 1) * k], &w[n * k..(n + 1) * k]);
+                let yq = dot(&xq[r * k..(r + 1) * k], &wq[n * k..(n + 1) * k]);
+                diff += (yq - y).powi(2);
+                energy += y * y;
+            }
+        }
+        let direct = diff / energy;
+        assert!(
+            (int8(None) - direct).abs() < 1e-4 * direct,
+            "{} {direct}",
+            int8(None)
+        );
     }
 
     #[test]

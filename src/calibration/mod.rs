@@ -3,6 +3,7 @@
 mod gram;
 mod histogram;
 mod observer;
+mod rows;
 mod run;
 mod shared;
 
@@ -12,6 +13,7 @@ pub use histogram::{
     BINS as HISTOGRAM_BINS,
 };
 pub use observer::{AbsMaxObserver, BothObservers, Observer, ObservingExec};
+pub use rows::RowSampleObserver;
 pub use run::{
     observe, observe_in_flight, observe_with, CalibrationSet, DecoderPass, Observed,
     DEFAULT_UTTERANCES,
