@@ -659,7 +659,7 @@ impl Quantizer {
                 smoothing = Smoothing {
                     groups,
                     smooth_inv,
-                    searched: Vec::new(),
+                    ..Smoothing::default()
                 };
                 None
             };
