@@ -381,12 +381,12 @@ proptest! {
     }
 
     #[test]
-    fn recipe_options(value in any::<String>(), key in 0usize..8, which in 0usize..6) {
+    fn recipe_options(value in any::<String>(), key in 0usize..10, which in 0usize..6) {
         // `--option ALGORITHM.KEY=VALUE` with any value, on every built-in recipe.
         let keys = [
             "smoothquant.alpha", "smoothquant.floor", "smoothquant.runtime",
             "static_inputs.observer", "static_inputs.percentile", "static_inputs.headroom",
-            "static_inputs.exclude", "rtn.bits",
+            "static_inputs.exclude", "rtn.bits", "smoothquant.search", "smoothquant.search_rows",
         ];
         let mut recipe = Recipe::built_in().swap_remove(which);
         if let Err(e) = recipe.set_option(&format!("{}={value}", keys[key])) {
