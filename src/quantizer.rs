@@ -12,7 +12,7 @@ use crate::algorithms::static_inputs::{self, StaticInput, StaticInputOptions};
 use crate::algorithms::{self, rtn, smoothquant, WorkingTensors};
 use crate::calibration::{
     self, AbsHistogram, AbsMaxObserver, BothObservers, CalibrationSet, DecoderPass, GramObserver,
-    HistogramObserver, HistogramTarget, Observed, RowSampleObserver, SharedObservations,
+    HistogramObserver, HistogramTarget, Observed, Observer, RowSampleObserver, SharedObservations,
 };
 use crate::checkpoint::{
     self, Checkpoint, DType, NativeConfig, StagedDir, Tensor, TensorPlan, CONFIG_FILE, REPORT_FILE,
@@ -567,48 +567,22 @@ impl Quantizer {
                 let pass = if !search_layers.is_empty() {
                     // The search measures each group on sampled input rows, so pass 1 keeps
                     // some (it is then this run's own, not shared with other gate entries).
-                    let both: Observed<BothObservers<AbsMaxObserver, RowSampleObserver>> =
-                        calibration_pass(
-                            &mut self.progress,
-                            Stage::Calibrating,
-                            t.as_ref(),
-                            &set,
-                            DecoderPass::Decode,
-                            || FullPrecision,
-                            || BothObservers {
-                                first: AbsMaxObserver::default(),
-                                second: RowSampleObserver::new(
-                                    search_layers.iter().cloned(),
-                                    run_plan.smoothing.search_rows,
-                                ),
-                            },
-                            usize::MAX,
-                        )?;
-                    samples = Some(both.observer.second);
-                    Arc::new(Observed {
-                        observer: both.observer.first,
-                        tokens: both.tokens,
-                    })
+                    let (pass, rows) =
+                        first_pass_with(&mut self.progress, t.as_ref(), &set, || {
+                            RowSampleObserver::new(
+                                search_layers.iter().cloned(),
+                                run_plan.smoothing.search_rows,
+                            )
+                        })?;
+                    samples = Some(rows);
+                    pass
                 } else if !early_targets.is_empty() {
-                    let both: Observed<BothObservers<AbsMaxObserver, HistogramObserver>> =
-                        calibration_pass(
-                            &mut self.progress,
-                            Stage::Calibrating,
-                            t.as_ref(),
-                            &set,
-                            DecoderPass::Decode,
-                            || FullPrecision,
-                            || BothObservers {
-                                first: AbsMaxObserver::default(),
-                                second: HistogramObserver::new(&early_targets),
-                            },
-                            usize::MAX,
-                        )?;
-                    histograms = Some(both.observer.second);
-                    Arc::new(Observed {
-                        observer: both.observer.first,
-                        tokens: both.tokens,
-                    })
+                    let (pass, observed) =
+                        first_pass_with(&mut self.progress, t.as_ref(), &set, || {
+                            HistogramObserver::new(&early_targets)
+                        })?;
+                    histograms = Some(observed);
+                    pass
                 } else if let Some(shared) = self.shared.clone() {
                     let progress = &mut self.progress;
                     let (pass, reused) = shared.get_or_run(&self.src, &set, || pass_1(progress))?;
@@ -997,6 +971,34 @@ impl Quantizer {
             report: Some(report),
         })
     }
+}
+
+/// Pass 1 (the full-precision model decoding, per-channel max |x| observed) with a second
+/// observer beside it: the pass and what the second one observed.
+fn first_pass_with<O: Observer>(
+    progress: &mut Option<ProgressFn>,
+    t: &dyn SpeechModel,
+    set: &CalibrationSet,
+    second: impl Fn() -> O + Sync,
+) -> Result<(Arc<Observed<AbsMaxObserver>>, O)> {
+    let both: Observed<BothObservers<AbsMaxObserver, O>> = calibration_pass(
+        progress,
+        Stage::Calibrating,
+        t,
+        set,
+        DecoderPass::Decode,
+        || FullPrecision,
+        || BothObservers {
+            first: AbsMaxObserver::default(),
+            second: second(),
+        },
+        usize::MAX,
+    )?;
+    let pass = Observed {
+        observer: both.observer.first,
+        tokens: both.tokens,
+    };
+    Ok((Arc::new(pass), both.observer.second))
 }
 
 /// One calibration pass over the set with fresh observers per utterance, merged, at most
