@@ -560,10 +560,8 @@ impl Quantizer {
                         usize::MAX,
                     )
                 };
-                let search_layers: Vec<String> = match run_plan.smoothing.search {
-                    smoothquant::AlphaSearch::Off => Vec::new(),
-                    _ => smoothquant::searched_inputs(layout, quantized, run_plan.smoothing),
-                };
+                let search_layers =
+                    smoothquant::searched_inputs(layout, quantized, run_plan.smoothing);
                 let pass = if !search_layers.is_empty() {
                     // The search measures each group on sampled input rows, so pass 1 keeps
                     // some (it is then this run's own, not shared with other gate entries).

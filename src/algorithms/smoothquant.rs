@@ -196,28 +196,39 @@ fn active_groups(
         )
 }
 
+/// The groups [`plan_with`] smooths under `rules`: the active ones whose consumers are all
+/// quantized.
+fn smoothable_groups<'a>(
+    layout: &'a QuantizationLayout,
+    quantized: &'a HashSet<String>,
+    rules: SmoothingRules,
+) -> impl Iterator<Item = &'a SmoothGroup> {
+    active_groups(layout, rules).filter(|g| g.consumers.iter().all(|c| quantized.contains(c)))
+}
+
 /// The layers whose weights (and, for a runtime group, input) [`plan_with`] would smooth under
-/// `rules`: every consumer of an active group whose consumers are all quantized.
+/// `rules`: every consumer of a smoothable group.
 pub fn smoothed_consumers(
     layout: &QuantizationLayout,
     quantized: &HashSet<String>,
     rules: SmoothingRules,
 ) -> HashSet<String> {
-    active_groups(layout, rules)
-        .filter(|g| g.consumers.iter().all(|c| quantized.contains(c)))
+    smoothable_groups(layout, quantized, rules)
         .flat_map(|g| g.consumers.iter().cloned())
         .collect()
 }
 
-/// The first consumer of every group [`plan_with`] would smooth under `rules`: the layers whose
-/// input rows the per-group search measures on.
+/// The layers whose input rows the per-group search measures on (the first consumer of every
+/// smoothable group); none when `rules` asks for no search.
 pub fn searched_inputs(
     layout: &QuantizationLayout,
     quantized: &HashSet<String>,
     rules: SmoothingRules,
 ) -> Vec<String> {
-    active_groups(layout, rules)
-        .filter(|g| g.consumers.iter().all(|c| quantized.contains(c)))
+    if rules.search == AlphaSearch::Off {
+        return Vec::new();
+    }
+    smoothable_groups(layout, quantized, rules)
         .map(|g| g.consumers[0].clone())
         .collect()
 }
@@ -254,11 +265,7 @@ pub fn plan_with(
     search: Option<&SearchInput>,
 ) -> Result<SmoothingPlan> {
     let mut plan = SmoothingPlan::default();
-    for group in active_groups(layout, rules) {
-        // The same rule as `smoothed_consumers`.
-        if !group.consumers.iter().all(|c| quantized.contains(c)) {
-            continue;
-        }
+    for group in smoothable_groups(layout, quantized, rules) {
         let alpha = alpha_of(&group.consumers);
         if !(alpha > 0.0 && alpha < 1.0) {
             return Err(Error::option(
@@ -384,13 +391,10 @@ fn search_group(
     for &alpha in candidates {
         measured.push((Some(alpha), error(Some(&factors_at(alpha)))?));
     }
-    // The first lowest: no smoothing on a tie.
+    // `min_by` keeps the first of equal errors: no smoothing on a tie.
     let chosen = measured
         .iter()
-        .fold(None::<&(Option<f32>, f64)>, |best, m| match best {
-            Some(b) if b.1 <= m.1 => Some(b),
-            _ => Some(m),
-        })
+        .min_by(|a, b| a.1.total_cmp(&b.1))
         .and_then(|m| m.0);
     Ok(Some(GroupSearch {
         consumers: consumers.to_vec(),
